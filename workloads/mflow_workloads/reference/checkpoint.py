@@ -1,0 +1,127 @@
+"""Reference-engine checkpoints under `scratch/checkpoints/`.
+
+Layout: `iter_0000025/` holding `model_tpXX.safetensors`, `optim_tpXX.safetensors` (AdamW moments
+and step per parameter name), `rng_rankXXXXX.safetensors` (torch RNG states) and `meta.json`
+(iteration, consumed samples, LR-schedule position, seed). A checkpoint is written into
+`.tmp_iter_*`, renamed when complete, and only then named by the tracker file
+`latest_checkpointed_iteration.txt` (replaced atomically). The newest two are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..errors import CheckpointError
+from .parallel import Parallel
+
+TRACKER = "latest_checkpointed_iteration.txt"
+KEEP = 2
+
+
+def iter_dir(root: str, iteration: int) -> str:
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def latest(root: str) -> int | None:
+    """The iteration named by the tracker, if that checkpoint is complete."""
+    path = os.path.join(root, TRACKER)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        text = f.read(64).strip()
+    if not re.fullmatch(r"\d{1,12}", text):
+        raise CheckpointError(f"{path}: tracker holds {text!r}, not an iteration number",
+                              "delete the scratch directory to start over, or restore the file")
+    it = int(text)
+    if not os.path.exists(os.path.join(iter_dir(root, it), "meta.json")):
+        raise CheckpointError(f"{path} names iteration {it} but {iter_dir(root, it)} is incomplete",
+                              "delete the scratch checkpoints directory to start over")
+    return it
+
+
+def _barrier():
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save(root: str, iteration: int, model: torch.nn.Module, opt: torch.optim.Optimizer, p: Parallel,
+         meta: dict) -> None:
+    tmp = os.path.join(root, f".tmp_iter_{iteration:07d}")
+    if p.rank == 0:
+        os.makedirs(root, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    _barrier()
+    if p.dp_rank == 0:  # model and optimizer are replicated across data-parallel ranks
+        names = {id(prm): n for n, prm in model.named_parameters()}
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
+                  os.path.join(tmp, f"model_tp{p.tp_rank:02}.safetensors"))
+        moments = {}
+        for prm, st in opt.state.items():
+            n = names[id(prm)]
+            for key in ("exp_avg", "exp_avg_sq"):
+                moments[f"{key}/{n}"] = st[key].detach().cpu().contiguous()
+            moments[f"step/{n}"] = torch.as_tensor(st["step"], dtype=torch.float64).reshape(1).cpu()
+        save_file(moments, os.path.join(tmp, f"optim_tp{p.tp_rank:02}.safetensors"))
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    save_file(rng, os.path.join(tmp, f"rng_rank{p.rank:05}.safetensors"))
+    _barrier()
+    if p.rank == 0:
+        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump({**meta, "iteration": iteration, "tp": p.tp, "dp": p.dp}, f)
+        final = iter_dir(root, iteration)
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        tracker_tmp = os.path.join(root, f".{TRACKER}.tmp")
+        with open(tracker_tmp, "w", encoding="utf-8") as f:
+            f.write(str(iteration))
+        os.replace(tracker_tmp, os.path.join(root, TRACKER))
+        prune(root)
+    _barrier()
+
+
+def prune(root: str) -> None:
+    its = sorted(int(m.group(1)) for d in os.listdir(root) if (m := re.fullmatch(r"iter_(\d{7})", d)))
+    for it in its[:-KEEP]:
+        shutil.rmtree(iter_dir(root, it), ignore_errors=True)
+    for d in os.listdir(root):
+        if d.startswith(".tmp_iter_"):  # left by a killed attempt
+            shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+
+
+def load(root: str, iteration: int, model: torch.nn.Module, opt: torch.optim.Optimizer, p: Parallel) -> dict:
+    d = iter_dir(root, iteration)
+    with open(os.path.join(d, "meta.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    if meta["tp"] != p.tp:
+        raise CheckpointError(f"{d}: saved with tp={meta['tp']}, this run has tp={p.tp}",
+                              "resume with the same tp, or clear the scratch directory")
+    device = next(model.parameters()).device
+    with safe_open(os.path.join(d, f"model_tp{p.tp_rank:02}.safetensors"), framework="pt") as f:
+        model.load_state_dict({k: f.get_tensor(k) for k in f.keys()}, strict=True)
+    params = dict(model.named_parameters())
+    with safe_open(os.path.join(d, f"optim_tp{p.tp_rank:02}.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+        for n, prm in params.items():
+            if f"exp_avg/{n}" not in keys:
+                continue
+            opt.state[prm] = {"step": f.get_tensor(f"step/{n}").reshape(()).float(),
+                              "exp_avg": f.get_tensor(f"exp_avg/{n}").to(device),
+                              "exp_avg_sq": f.get_tensor(f"exp_avg_sq/{n}").to(device)}
+    rng_path = os.path.join(d, f"rng_rank{p.rank:05}.safetensors")
+    if os.path.exists(rng_path):
+        with safe_open(rng_path, framework="pt") as f:
+            torch.set_rng_state(f.get_tensor("cpu"))
+            if "cuda" in f.keys() and torch.cuda.is_available():
+                torch.cuda.set_rng_state(f.get_tensor("cuda"))
+    return meta
