@@ -50,14 +50,15 @@ def make_tokenizer(out_dir: str, vocab_size: int = 512) -> str:
 
 def make_hf_model(out_dir: str, tok_dir: str, arch: str = "llama", layers: int = 2, hidden: int = 64,
                   heads: int = 4, kv_heads: int = 2, ffn: int = 128, tied: bool = False, seed: int = 0,
-                  rope_theta: float = 500000.0, llama3_scaling: bool = False, max_pos: int = 256) -> str:
+                  rope_theta: float = 500000.0, llama3_scaling: bool = False, max_pos: int = 256,
+                  vocab: int | None = None, init_range: float = 0.05) -> str:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tok_dir)
-    vocab = len(tok)
+    vocab = vocab or len(tok)
     kw = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
               num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
-              rms_norm_eps=1e-5, tie_word_embeddings=tied, initializer_range=0.05,
+              rms_norm_eps=1e-5, tie_word_embeddings=tied, initializer_range=init_range,
               eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
     rope = {"rope_type": "default", "rope_theta": rope_theta}
     if llama3_scaling:
@@ -118,7 +119,15 @@ def convert_hf_to_shards(hf_dir: str, out_dir: str, tp: int, dtype: str = "float
         return convert_with_binary(hf_dir, out_dir, tp, dtype)
     with open(os.path.join(hf_dir, "config.json")) as f:
         cfg = json.load(f)
-    hf = load_file(os.path.join(hf_dir, "model.safetensors"))
+    index = os.path.join(hf_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            names = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        names = ["model.safetensors"]
+    hf = {}
+    for name in names:
+        hf.update(load_file(os.path.join(hf_dir, name)))
     if cfg.get("tie_word_embeddings") and "lm_head.weight" in hf:
         del hf["lm_head.weight"]
     full = hf_to_full_local(hf, cfg)
