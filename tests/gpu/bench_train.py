@@ -39,7 +39,7 @@ def run_variant(ps, shards, knobs):
     model = ME.build_model(spec, config, tp, SEQ, "sdpa")
     ME.load_shard(model, shards, m, ps.get_tensor_model_parallel_rank(), 0)
     ddp = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False), module=model)
+        grad_reduce_in_fp32="bf16_grads" not in knobs, overlap_grad_reduce=False, use_distributed_optimizer=False), module=model)
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-4, bf16=True, params_dtype=torch.bfloat16,
                                                  use_distributed_optimizer=False, clip_grad=1.0), [ddp])
     config.no_sync_func, config.finalize_model_grads_func, config.grad_scale_func = ddp.no_sync, finalize_model_grads, opt.scale_loss

@@ -251,7 +251,8 @@ def load_checkpoint(root: str, iteration: int, model, opt, tp: int, pp: int) -> 
                           "resume with the same engine, or clear the scratch directory")
     from megatron.core import parallel_state as ps
     state = dist_checkpointing.load(model.sharded_state_dict(prefix=""), os.path.join(d, "model"))
-    result = model.load_state_dict(state, strict=False)
+    inner = getattr(model, "module", model)  # Megatron's DDP.load_state_dict returns nothing
+    result = inner.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
     if missing:
         raise ConfigError(f"{d}: checkpoint lacks {', '.join(missing[:5])}", "clear the scratch directory to start over")
@@ -317,7 +318,8 @@ def train(cfg: TrainConfig) -> dict:
     model = build_model(spec, config, cfg.tp, cfg.seq_length, cfg.attention)
     load_shard(model, cfg.shards, manifest, tp_rank, pp_rank)
     ddp = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False), module=model)
+        grad_reduce_in_fp32="bf16_grads" not in KNOBS, overlap_grad_reduce=False, use_distributed_optimizer=False),
+        module=model)
     opt = get_megatron_optimizer(OptimizerConfig(
         optimizer="adam", lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1,
         adam_beta2=cfg.adam_beta2, adam_eps=1e-8, clip_grad=cfg.clip_grad, bf16=cfg.precision == "bf16",
