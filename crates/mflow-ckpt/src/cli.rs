@@ -1,0 +1,64 @@
+//! The `mflow model`, `mflow convert` and `mflow export` commands.
+
+use std::path::PathBuf;
+
+use crate::error::CkptError;
+use crate::{convert as conv, hf, presets};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// hf://ORG/NAME[@REV] | path:DIR | init:PRESET
+    pub source: String,
+    pub dst: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Gets a model: downloads it, validates and copies a local one, or writes a random-init preset.
+pub fn model(args: &ModelArgs) -> miette::Result<()> {
+    Ok(model_impl(args)?)
+}
+
+fn model_impl(args: &ModelArgs) -> Result<(), CkptError> {
+    let unknown = || CkptError::Source { source_spec: args.source.clone(), presets: presets::NAMES.join(", ") };
+    if let Some(name) = args.source.strip_prefix("init:") {
+        let p = presets::preset(name).ok_or_else(unknown)?;
+        presets::write(&p, &args.dst, args.seed)
+    } else if let Some(dir) = args.source.strip_prefix("path:") {
+        hf::copy_model(std::path::Path::new(dir), &args.dst)
+    } else if args.source.starts_with("hf://") {
+        crate::hub::download(&args.source, &args.dst)
+    } else {
+        Err(unknown())
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConvertArgs {
+    pub src: PathBuf,
+    pub dst: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    pub tp: u32,
+    #[arg(long, default_value_t = 1)]
+    pub pp: u32,
+    /// keep (default), float32, bfloat16
+    #[arg(long)]
+    pub dtype: Option<String>,
+}
+
+/// Hugging Face directory -> shards, or shards -> shards (resharding), detected from `src`.
+pub fn convert(args: &ConvertArgs) -> miette::Result<()> {
+    let dtype = conv::parse_dtype(args.dtype.as_deref())?;
+    Ok(conv::convert(&args.src, &args.dst, args.tp, args.pp, dtype)?)
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExportArgs {
+    pub src: PathBuf,
+    pub dst: PathBuf,
+}
+
+/// Shards -> Hugging Face directory.
+pub fn export(args: &ExportArgs) -> miette::Result<()> {
+    Ok(conv::export(&args.src, &args.dst)?)
+}

@@ -1,0 +1,77 @@
+//! Errors of checkpoint reading, conversion and export.
+
+use miette::Diagnostic;
+use thiserror::Error;
+
+use crate::st::StError;
+
+#[derive(Debug, Error, Diagnostic)]
+pub enum CkptError {
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Safetensors(#[from] StError),
+
+    #[error("{path}: {source}")]
+    #[diagnostic(code(mflow::ckpt::io), help("check the path and its permissions, and that the disk is not full"))]
+    Io { path: String, source: std::io::Error },
+
+    #[error("{file}: `{key}`: {reason}")]
+    #[diagnostic(code(mflow::ckpt::config), help("{help}"))]
+    Config { file: String, key: String, reason: String, help: String },
+
+    #[error("{dir}: not a Hugging Face model directory or mflow shards directory (no config.json or mflow-checkpoint.json)")]
+    #[diagnostic(code(mflow::ckpt::unknown_dir), help("point at a directory made by `mflow model` or `mflow convert`"))]
+    UnknownDir { dir: String },
+
+    #[error("{file}: pickle checkpoints are refused")]
+    #[diagnostic(code(mflow::ckpt::pickle), help("convert the model to safetensors first (e.g. with transformers' save_pretrained(safe_serialization=True)); pickle files can run arbitrary code"))]
+    Pickle { file: String },
+
+    #[error("{dir}: no model.safetensors or model.safetensors.index.json")]
+    #[diagnostic(code(mflow::ckpt::no_weights), help("the model directory must hold safetensors weights"))]
+    NoWeights { dir: String },
+
+    #[error("{file}: tensor `{tensor}` is missing")]
+    #[diagnostic(code(mflow::ckpt::missing_tensor), help("the weights do not match config.json; the checkpoint is incomplete or of another architecture"))]
+    MissingTensor { file: String, tensor: String },
+
+    #[error("{file}: unexpected tensor `{tensor}`")]
+    #[diagnostic(code(mflow::ckpt::unexpected_tensor), help("the weights do not match config.json (another architecture or option such as biases); mflow refuses to drop weights silently"))]
+    UnexpectedTensor { file: String, tensor: String },
+
+    #[error("{file}: tensor `{tensor}` has shape {found:?} but {expected:?} was expected from {reason}")]
+    #[diagnostic(code(mflow::ckpt::shape), help("config.json and the weights disagree; fix config.json or use the weights it was written for"))]
+    Shape { file: String, tensor: String, found: Vec<u64>, expected: Vec<u64>, reason: String },
+
+    #[error("{file}: tensor `{tensor}` is {found} but the checkpoint is {expected}")]
+    #[diagnostic(code(mflow::ckpt::dtype), help("all weights must share one floating-point dtype (float32, bfloat16 or float16)"))]
+    Dtype { file: String, tensor: String, found: String, expected: String },
+
+    #[error("{file}: recorded {what} {expected} but the file has {found}")]
+    #[diagnostic(code(mflow::ckpt::integrity), help("the shards were changed or damaged after they were written; convert again"))]
+    Integrity { file: String, what: String, expected: String, found: String },
+
+    #[error("{field} = {value} is not divisible by {by} = {divisor}")]
+    #[diagnostic(code(mflow::ckpt::parallelism), help("{help}"))]
+    Parallelism { field: String, value: u64, by: String, divisor: u64, help: String },
+
+    #[error("{path}: already exists and is not an empty directory")]
+    #[diagnostic(code(mflow::ckpt::destination_exists), help("choose a new destination or remove the existing one"))]
+    DestinationExists { path: String },
+
+    #[error("unknown dtype `{value}`")]
+    #[diagnostic(code(mflow::ckpt::dtype_arg), help("use keep, float32 or bfloat16"))]
+    DtypeArg { value: String },
+
+    #[error("unknown model source `{source_spec}`")]
+    #[diagnostic(code(mflow::ckpt::source), help("use hf://ORG/NAME[@REV], path:DIR or init:PRESET (presets: {presets})"))]
+    Source { source_spec: String, presets: String },
+
+    #[error("tokenizer: {reason}")]
+    #[diagnostic(code(mflow::ckpt::tokenizer), help("this is a bug in the built-in tokenizer training; report it"))]
+    Tokenizer { reason: String },
+}
+
+pub fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> CkptError + '_ {
+    move |source| CkptError::Io { path: path.display().to_string(), source }
+}

@@ -1,0 +1,211 @@
+//! Hugging Face model directories: reading config.json and the safetensors weights (single file
+//! or sharded with model.safetensors.index.json), and checking them against each other.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use safetensors::Dtype;
+use serde_json::Value;
+
+use crate::error::{io, CkptError};
+use crate::layout::hf_tensors;
+use crate::shape::{from_hf_config, Architecture, ModelShape};
+use crate::st::StFile;
+use crate::writer::Sources;
+
+pub const INDEX: &str = "model.safetensors.index.json";
+/// Tokenizer files carried along with a model, when present.
+pub const TOKENIZER_FILES: &[&str] =
+    &["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json"];
+const PICKLE_SUFFIXES: &[&str] = &[".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"];
+
+/// An opened Hugging Face checkpoint.
+pub struct HfModel {
+    pub dir: PathBuf,
+    pub config: Value,
+    pub shape: ModelShape,
+    pub dtype: Dtype,
+    pub sources: Sources,
+}
+
+pub fn read_json(path: &Path) -> Result<Value, CkptError> {
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    serde_json::from_str(&text).map_err(|e| CkptError::Config {
+        file: path.display().to_string(),
+        key: "(document)".into(),
+        reason: format!("not valid JSON: {e}"),
+        help: "fix or regenerate the file".into(),
+    })
+}
+
+pub fn read_config(dir: &Path) -> Result<(Value, ModelShape), CkptError> {
+    let path = dir.join("config.json");
+    let config = read_json(&path)?;
+    let shape = from_hf_config(&path.display().to_string(), &config)?;
+    Ok((config, shape))
+}
+
+/// Weight files of a model directory (relative names), refusing pickles.
+pub fn weight_files(dir: &Path) -> Result<Vec<String>, CkptError> {
+    let index = dir.join(INDEX);
+    if index.exists() {
+        let v = read_json(&index)?;
+        let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| CkptError::Config {
+            file: index.display().to_string(),
+            key: "weight_map".into(),
+            reason: "missing or not an object".into(),
+            help: "regenerate the index with transformers' save_pretrained".into(),
+        })?;
+        let mut files = BTreeSet::new();
+        for (tensor, f) in map {
+            let name = f.as_str().filter(|n| is_plain_name(n) && n.ends_with(".safetensors")).ok_or_else(|| CkptError::Config {
+                file: index.display().to_string(),
+                key: format!("weight_map.{tensor}"),
+                reason: format!("{f} is not a .safetensors file name inside the model directory"),
+                help: "entries must be plain file names such as model-00001-of-00002.safetensors".into(),
+            })?;
+            files.insert(name.to_string());
+        }
+        return Ok(files.into_iter().collect());
+    }
+    if dir.join("model.safetensors").exists() {
+        return Ok(vec!["model.safetensors".into()]);
+    }
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let name = entry.map_err(io(dir))?.file_name().to_string_lossy().into_owned();
+        if PICKLE_SUFFIXES.iter().any(|s| name.ends_with(s)) {
+            return Err(CkptError::Pickle { file: dir.join(name).display().to_string() });
+        }
+    }
+    Err(CkptError::NoWeights { dir: dir.display().to_string() })
+}
+
+/// A file name without directories, so that it cannot escape the model directory.
+pub fn is_plain_name(n: &str) -> bool {
+    !n.is_empty() && n != "." && n != ".." && !n.contains('/') && !n.contains('\\') && !n.contains('\0')
+}
+
+/// Tensors that may appear in a Hugging Face checkpoint without being weights mflow moves.
+fn ignorable(shape: &ModelShape, name: &str) -> bool {
+    name.ends_with(".rotary_emb.inv_freq")
+        || (shape.architecture == Architecture::Gpt2 && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")))
+        || (shape.share_embeddings_and_output_weights && name == "lm_head.weight")
+}
+
+/// The name a tensor goes by in mflow's plans (GPT-2 files sometimes omit `transformer.`).
+fn canonical(shape: &ModelShape, name: &str) -> String {
+    if shape.architecture == Architecture::Gpt2 && !name.starts_with("transformer.") && name != "lm_head.weight" {
+        format!("transformer.{name}")
+    } else {
+        name.to_string()
+    }
+}
+
+pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
+    let (config, shape) = read_config(dir)?;
+    let files = weight_files(dir)?;
+    let opened: Vec<StFile> = files.par_iter().map(|f| StFile::open(&dir.join(f))).collect::<Result<_, _>>()?;
+    let weights_label = if files.len() == 1 { dir.join(&files[0]) } else { dir.join(INDEX) }.display().to_string();
+    let mut sources = Sources::default();
+    for (i, f) in opened.iter().enumerate() {
+        for name in f.header.tensors.keys() {
+            if ignorable(&shape, name) {
+                continue;
+            }
+            sources.index.insert(canonical(&shape, name), (i, name.clone()));
+        }
+    }
+    sources.files = opened;
+    let expected = hf_tensors(&shape);
+    let dtype = check_tensors(&sources, &expected, &weights_label, &dir.join("config.json").display().to_string())?;
+    Ok(HfModel { dir: dir.to_path_buf(), config, shape, dtype, sources })
+}
+
+/// Checks that the sources hold exactly the expected tensors with the expected shapes and one
+/// float dtype, which is returned.
+pub fn check_tensors(sources: &Sources, expected: &[(String, Vec<u64>)], label: &str, config_label: &str) -> Result<Dtype, CkptError> {
+    let wanted: BTreeMap<&str, &Vec<u64>> = expected.iter().map(|(n, s)| (n.as_str(), s)).collect();
+    let mut unexpected: Vec<&String> = sources.index.keys().filter(|k| !wanted.contains_key(k.as_str())).collect();
+    unexpected.sort();
+    if let Some(k) = unexpected.first() {
+        let (f, name) = &sources.index[*k];
+        return Err(CkptError::UnexpectedTensor { file: sources.files[*f].path.display().to_string(), tensor: name.clone() });
+    }
+    let mut dtype: Option<(Dtype, String)> = None;
+    for (name, shape) in expected {
+        let Some((f, meta)) = sources.get(name) else {
+            return Err(CkptError::MissingTensor { file: label.into(), tensor: name.clone() });
+        };
+        let file = f.path.display().to_string();
+        if !matches!(meta.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            return Err(CkptError::Dtype { file, tensor: name.clone(), found: format!("{:?}", meta.dtype), expected: "a float dtype".into() });
+        }
+        match &dtype {
+            None => dtype = Some((meta.dtype, name.clone())),
+            Some((d, first)) if *d != meta.dtype => {
+                return Err(CkptError::Dtype {
+                    file,
+                    tensor: name.clone(),
+                    found: dtype_name(meta.dtype).into(),
+                    expected: format!("{} (like `{first}`)", dtype_name(*d)),
+                })
+            }
+            _ => {}
+        }
+        if &meta.shape != shape {
+            return Err(CkptError::Shape { file, tensor: name.clone(), found: meta.shape.clone(), expected: shape.clone(), reason: config_label.into() });
+        }
+    }
+    Ok(dtype.map(|d| d.0).unwrap_or(Dtype::F32))
+}
+
+pub fn dtype_name(d: Dtype) -> &'static str {
+    match d {
+        Dtype::F32 => "float32",
+        Dtype::BF16 => "bfloat16",
+        Dtype::F16 => "float16",
+        _ => "unsupported",
+    }
+}
+
+pub fn dtype_from_name(n: &str) -> Option<Dtype> {
+    match n {
+        "float32" => Some(Dtype::F32),
+        "bfloat16" => Some(Dtype::BF16),
+        "float16" => Some(Dtype::F16),
+        _ => None,
+    }
+}
+
+/// Copies whichever tokenizer files exist in `from` into `to`.
+pub fn copy_tokenizer(from: &Path, to: &Path) -> Result<(), CkptError> {
+    for name in TOKENIZER_FILES {
+        let src = from.join(name);
+        if src.is_file() {
+            std::fs::copy(&src, to.join(name)).map_err(io(&src))?;
+        }
+    }
+    Ok(())
+}
+
+/// Validates a local Hugging Face model directory and copies its config, safetensors weights,
+/// tokenizer and generation files to `dst` (staged, then renamed). Pickle files are not copied.
+pub fn copy_model(src: &Path, dst: &Path) -> Result<(), CkptError> {
+    let model = open(src)?;
+    drop(model);
+    let staging = crate::writer::Staging::new(dst)?;
+    let mut names: Vec<String> = weight_files(src)?;
+    names.push("config.json".into());
+    if src.join(INDEX).exists() {
+        names.push(INDEX.into());
+    }
+    names.extend(["generation_config.json"].iter().chain(TOKENIZER_FILES).map(|s| s.to_string()));
+    for name in names {
+        let from = src.join(&name);
+        if from.is_file() {
+            std::fs::copy(&from, staging.dir.join(&name)).map_err(io(&from))?;
+        }
+    }
+    staging.commit()
+}

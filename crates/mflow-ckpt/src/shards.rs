@@ -1,0 +1,165 @@
+//! The mflow Megatron shards directory: `mflow-checkpoint.json` plus one safetensors file per
+//! (tp, pp) rank, `tokenizer/` and `hf_config.json`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use safetensors::Dtype;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{io, CkptError};
+use crate::hf::{dtype_from_name, read_json};
+use crate::layout::{rank_file_name, rank_key, shard_plan, RankPlan};
+use crate::shape::{check_parallelism, ModelShape};
+use crate::st::StFile;
+use crate::writer::Sources;
+
+pub const MANIFEST: &str = "mflow-checkpoint.json";
+pub const FORMAT: &str = "mflow-megatron-shards";
+pub const VERSION: u32 = 1;
+pub const HF_CONFIG: &str = "hf_config.json";
+pub const TOKENIZER_DIR: &str = "tokenizer";
+pub const GENERATION_CONFIG: &str = "generation_config.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u32,
+    pub architecture: String,
+    pub dtype: String,
+    pub tp: u32,
+    pub pp: u32,
+    pub layers_per_stage: Vec<u64>,
+    pub model: ManifestModel,
+    pub files: Vec<FileEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ManifestModel {
+    #[serde(flatten)]
+    pub shape: ModelShape,
+    pub padded_vocab_size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub tp: u32,
+    pub pp: u32,
+    pub path: String,
+    pub bytes: u64,
+    pub blake3: String,
+}
+
+/// An opened, verified shards directory.
+pub struct Shards {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    pub dtype: Dtype,
+    pub plan: Vec<RankPlan>,
+    /// Rank tensors keyed by [`rank_key`].
+    pub sources: Sources,
+}
+
+fn bad(file: &Path, key: &str, reason: String) -> CkptError {
+    CkptError::Config { file: file.display().to_string(), key: key.into(), reason, help: "regenerate the shards with `mflow convert`".into() }
+}
+
+pub fn read_manifest(dir: &Path) -> Result<Manifest, CkptError> {
+    let path = dir.join(MANIFEST);
+    let value = read_json(&path)?;
+    let m: Manifest = serde_json::from_value(value).map_err(|e| bad(&path, "(document)", e.to_string()))?;
+    if m.format != FORMAT {
+        return Err(bad(&path, "format", format!("is `{}`, expected `{FORMAT}`", m.format)));
+    }
+    if m.version != VERSION {
+        return Err(bad(&path, "version", format!("is {}, this mflow reads version {VERSION}", m.version)));
+    }
+    Ok(m)
+}
+
+pub fn open(dir: &Path) -> Result<Shards, CkptError> {
+    let path = dir.join(MANIFEST);
+    let m = read_manifest(dir)?;
+    let shape = &m.model.shape;
+    let dtype = dtype_from_name(&m.dtype).ok_or_else(|| bad(&path, "dtype", format!("`{}` is not float32, bfloat16 or float16", m.dtype)))?;
+    check_parallelism(shape, m.tp, m.pp)?;
+    if m.model.padded_vocab_size != shape.padded_vocab(m.tp) {
+        return Err(bad(&path, "model.padded_vocab_size", format!("is {}, expected {} for tp = {}", m.model.padded_vocab_size, shape.padded_vocab(m.tp), m.tp)));
+    }
+    let expected: BTreeSet<(u32, u32)> = (0..m.pp).flat_map(|p| (0..m.tp).map(move |t| (t, p))).collect();
+    let listed: BTreeSet<(u32, u32)> = m.files.iter().map(|f| (f.tp, f.pp)).collect();
+    if listed != expected || m.files.len() != expected.len() {
+        return Err(bad(&path, "files", format!("must list each of the {} (tp, pp) ranks exactly once", expected.len())));
+    }
+    for f in &m.files {
+        if f.path != rank_file_name(f.tp, f.pp) {
+            return Err(bad(&path, "files[].path", format!("`{}` should be `{}`", f.path, rank_file_name(f.tp, f.pp))));
+        }
+    }
+    let opened: Vec<StFile> = m
+        .files
+        .par_iter()
+        .map(|f| {
+            let p = dir.join(&f.path);
+            let len = std::fs::metadata(&p).map_err(io(&p))?.len();
+            if len != f.bytes {
+                return Err(CkptError::Integrity { file: p.display().to_string(), what: "size".into(), expected: f.bytes.to_string(), found: len.to_string() });
+            }
+            let mut h = blake3::Hasher::new();
+            h.update_mmap_rayon(&p).map_err(io(&p))?;
+            let digest = h.finalize().to_hex().to_string();
+            if digest != f.blake3 {
+                return Err(CkptError::Integrity { file: p.display().to_string(), what: "blake3".into(), expected: f.blake3.clone(), found: digest });
+            }
+            Ok(StFile::open(&p)?)
+        })
+        .collect::<Result<_, CkptError>>()?;
+    let plan = shard_plan(shape, m.tp, m.pp);
+    let mut sources = Sources::default();
+    for (i, (entry, file)) in m.files.iter().zip(&opened).enumerate() {
+        let rank = plan.iter().find(|r| r.tp == entry.tp && r.pp == entry.pp).expect("every rank is planned");
+        let wanted: BTreeMap<&str, &Vec<u64>> = rank.tensors.iter().map(|t| (t.name.as_str(), &t.shape)).collect();
+        let fname = file.path.display().to_string();
+        for (name, meta) in &file.header.tensors {
+            let Some(shape) = wanted.get(name.as_str()) else {
+                return Err(CkptError::UnexpectedTensor { file: fname, tensor: name.clone() });
+            };
+            if &meta.shape != *shape {
+                return Err(CkptError::Shape { file: fname, tensor: name.clone(), found: meta.shape.clone(), expected: (*shape).clone(), reason: MANIFEST.into() });
+            }
+            if meta.dtype != dtype {
+                return Err(CkptError::Dtype { file: fname, tensor: name.clone(), found: format!("{:?}", meta.dtype), expected: m.dtype.clone() });
+            }
+            sources.index.insert(rank_key(entry.tp, entry.pp, name), (i, name.clone()));
+        }
+        for name in wanted.keys() {
+            if !file.header.tensors.contains_key(*name) {
+                return Err(CkptError::MissingTensor { file: fname, tensor: name.to_string() });
+            }
+        }
+    }
+    sources.files = opened;
+    Ok(Shards { dir: dir.to_path_buf(), manifest: m, dtype, plan, sources })
+}
+
+/// Builds the manifest for freshly written rank files.
+pub fn manifest(shape: &ModelShape, tp: u32, pp: u32, dtype: Dtype, files: Vec<FileEntry>) -> Manifest {
+    Manifest {
+        format: FORMAT.into(),
+        version: VERSION,
+        architecture: shape.architecture.name().into(),
+        dtype: crate::hf::dtype_name(dtype).into(),
+        tp,
+        pp,
+        layers_per_stage: vec![shape.num_layers / pp as u64; pp as usize],
+        model: ManifestModel { shape: shape.clone(), padded_vocab_size: shape.padded_vocab(tp) },
+        files,
+    }
+}
+
+/// The original Hugging Face config carried in a shards directory.
+pub fn hf_config(dir: &Path) -> Result<Value, CkptError> {
+    read_json(&dir.join(HF_CONFIG))
+}
