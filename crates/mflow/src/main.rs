@@ -1,1 +1,20 @@
-fn main() {}
+use clap::Parser;
+
+fn main() {
+    let cli = mflow::cli::Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    if cli.log_format == mflow::cli::LogFormat::Json {
+        tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).without_time().init();
+    }
+    let code = match mflow::cli::main(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            let code = e.exit_code();
+            eprintln!("{:?}", miette::Report::new(e));
+            code
+        }
+    };
+    std::process::exit(code.code());
+}

@@ -1,0 +1,177 @@
+//! Cache keys: blake3 over a canonical, length-prefixed encoding of everything that determines
+//! a stage's output. The parts are kept so that `mflow why` can say which one changed.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyParts {
+    pub kind: String,
+    pub kind_version: u32,
+    /// Resolved parameters, canonical (sorted keys).
+    pub params: Json,
+    /// Upstream stage name -> digest of its committed output.
+    pub upstream: BTreeMap<String, String>,
+    /// Input file (relative to the spec) -> content digest.
+    pub inputs: BTreeMap<String, String>,
+    /// Digest of the workload code the stage runs.
+    pub workload: String,
+    /// Digest of the environment (Python lock, tool versions).
+    pub environment: String,
+    pub salt: String,
+}
+
+impl KeyParts {
+    pub fn key(&self) -> String {
+        let mut h = blake3::Hasher::new();
+        let mut field = |tag: &str, bytes: &[u8]| {
+            h.update(&(tag.len() as u64).to_le_bytes());
+            h.update(tag.as_bytes());
+            h.update(&(bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        field("mflow-key", b"1");
+        field("kind", self.kind.as_bytes());
+        field("kind_version", &self.kind_version.to_le_bytes());
+        field("params", canonical(&self.params).as_bytes());
+        for (name, digest) in &self.upstream {
+            field("upstream", name.as_bytes());
+            field("digest", digest.as_bytes());
+        }
+        for (path, digest) in &self.inputs {
+            field("input", path.as_bytes());
+            field("digest", digest.as_bytes());
+        }
+        field("workload", self.workload.as_bytes());
+        field("environment", self.environment.as_bytes());
+        field("salt", self.salt.as_bytes());
+        h.finalize().to_hex().to_string()
+    }
+
+    /// Human-readable differences from an earlier key's parts.
+    pub fn diff(&self, old: &KeyParts) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.kind != old.kind || self.kind_version != old.kind_version {
+            out.push(format!("stage kind: {} v{} -> {} v{}", old.kind, old.kind_version, self.kind, self.kind_version));
+        }
+        diff_json("parameter", "", &old.params, &self.params, &mut out);
+        diff_maps("upstream output", &old.upstream, &self.upstream, &mut out);
+        diff_maps("input file", &old.inputs, &self.inputs, &mut out);
+        if self.workload != old.workload {
+            out.push(format!("workload code: {} -> {}", short(&old.workload), short(&self.workload)));
+        }
+        if self.environment != old.environment {
+            out.push(format!("environment: {} -> {}", short(&old.environment), short(&self.environment)));
+        }
+        if self.salt != old.salt {
+            out.push(format!("salt: {:?} -> {:?}", old.salt, self.salt));
+        }
+        out
+    }
+}
+
+pub fn short(d: &str) -> &str {
+    &d[..d.len().min(12)]
+}
+
+fn diff_maps(what: &str, old: &BTreeMap<String, String>, new: &BTreeMap<String, String>, out: &mut Vec<String>) {
+    for (k, v) in new {
+        match old.get(k) {
+            None => out.push(format!("{what} `{k}`: added")),
+            Some(o) if o != v => out.push(format!("{what} `{k}`: {} -> {}", short(o), short(v))),
+            _ => {}
+        }
+    }
+    for k in old.keys().filter(|k| !new.contains_key(*k)) {
+        out.push(format!("{what} `{k}`: removed"));
+    }
+}
+
+fn diff_json(what: &str, path: &str, old: &Json, new: &Json, out: &mut Vec<String>) {
+    match (old, new) {
+        (Json::Object(a), Json::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                match (a.get(k), b.get(k)) {
+                    (Some(x), Some(y)) => diff_json(what, &p, x, y, out),
+                    (None, Some(y)) => out.push(format!("{what} `{p}`: added ({y})")),
+                    (Some(x), None) => out.push(format!("{what} `{p}`: removed (was {x})")),
+                    (None, None) => {}
+                }
+            }
+        }
+        (a, b) if a != b => out.push(format!("{what} `{path}`: {a} -> {b}")),
+        _ => {}
+    }
+}
+
+/// JSON with object keys sorted at every level, no whitespace.
+pub fn canonical(v: &Json) -> String {
+    fn sort(v: &Json) -> Json {
+        match v {
+            Json::Object(m) => {
+                let sorted: BTreeMap<&String, Json> = m.iter().map(|(k, v)| (k, sort(v))).collect();
+                Json::Object(sorted.into_iter().map(|(k, v)| (k.clone(), v)).collect())
+            }
+            Json::Array(a) => Json::Array(a.iter().map(sort).collect()),
+            other => other.clone(),
+        }
+    }
+    serde_json::to_string(&sort(v)).expect("JSON serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parts() -> KeyParts {
+        KeyParts {
+            kind: "command".into(),
+            kind_version: 1,
+            params: json!({"b": 1, "a": [1, 2]}),
+            upstream: BTreeMap::from([("up".into(), "d1".into())]),
+            inputs: BTreeMap::new(),
+            workload: String::new(),
+            environment: String::new(),
+            salt: String::new(),
+        }
+    }
+
+    #[test]
+    fn key_ignores_key_order_but_not_values() {
+        let a = parts();
+        let mut b = parts();
+        b.params = json!({"a": [1, 2], "b": 1});
+        assert_eq!(a.key(), b.key());
+        b.params = json!({"a": [2, 1], "b": 1});
+        assert_ne!(a.key(), b.key());
+        let mut c = parts();
+        c.salt = "x".into();
+        assert_ne!(a.key(), c.key());
+    }
+
+    #[test]
+    fn fields_are_length_prefixed() {
+        let mut a = parts();
+        a.workload = "ab".into();
+        a.environment = "c".into();
+        let mut b = parts();
+        b.workload = "a".into();
+        b.environment = "bc".into();
+        assert_ne!(a.key(), b.key());
+    }
+
+    #[test]
+    fn diff_names_what_changed() {
+        let a = parts();
+        let mut b = parts();
+        b.params = json!({"b": 2, "a": [1, 2]});
+        b.upstream.insert("up".into(), "d2".into());
+        let d = b.diff(&a);
+        assert_eq!(d, vec!["parameter `b`: 1 -> 2".to_string(), "upstream output `up`: d1 -> d2".to_string()]);
+    }
+}

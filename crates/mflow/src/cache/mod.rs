@@ -1,0 +1,324 @@
+//! The content-addressed store. An entry `cache/<key>/` holds `out/` (the stage's output) and
+//! `manifest.json` (every file with its size and digest). Entries are built in
+//! `cache/.staging/` and committed by one rename, so a reader sees a whole entry or none.
+
+pub mod key;
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use miette::Diagnostic;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+#[derive(Debug, Error, Diagnostic)]
+pub enum CacheError {
+    #[error("cache I/O on {}", path.display())]
+    #[diagnostic(code(mflow::cache::io), help("check permissions and free space in the workdir"))]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("stage output contains {}, which is not a regular file or directory", path.display())]
+    #[diagnostic(code(mflow::cache::file_type), help("write plain files and directories under $MFLOW_OUTPUT; copy instead of linking"))]
+    FileType { path: PathBuf },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CacheError + '_ {
+    move |source| CacheError::Io { path: path.to_path_buf(), source }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub path: String,
+    pub size: u64,
+    pub blake3: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    pub key: String,
+    pub stage: String,
+    pub files: Vec<FileEntry>,
+    /// Digest of the file list: the output's identity for downstream keys.
+    pub digest: String,
+}
+
+impl Manifest {
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+#[derive(Debug)]
+pub enum Lookup {
+    Hit(Manifest),
+    Miss,
+    /// The entry exists but does not check out; it has been removed.
+    Corrupt(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+/// Held while a key is being computed, so two runs never compute the same key at once.
+pub struct KeyLock {
+    _file: File,
+}
+
+impl Store {
+    pub fn open(workdir: &Path) -> Result<Store, CacheError> {
+        let root = workdir.join("cache");
+        for d in [root.join(".staging"), root.join(".locks"), root.join(".trash")] {
+            fs::create_dir_all(&d).map_err(io_err(&d))?;
+        }
+        Ok(Store { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn entry_dir(&self, key: &str) -> PathBuf {
+        self.root.join(key)
+    }
+
+    pub fn output_dir(&self, key: &str) -> PathBuf {
+        self.entry_dir(key).join("out")
+    }
+
+    /// Checks an entry: sizes only by default, full digests with `verify`.
+    pub fn lookup(&self, key: &str, verify: bool) -> Lookup {
+        let dir = self.entry_dir(key);
+        if !dir.exists() {
+            return Lookup::Miss;
+        }
+        match self.check(key, verify) {
+            Ok(m) => Lookup::Hit(m),
+            Err(reason) => {
+                let _ = self.remove(key);
+                Lookup::Corrupt(reason)
+            }
+        }
+    }
+
+    /// The manifest of a committed entry, without checking files.
+    pub fn manifest(&self, key: &str) -> Option<Manifest> {
+        let text = fs::read_to_string(self.entry_dir(key).join("manifest.json")).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    fn check(&self, key: &str, verify: bool) -> Result<Manifest, String> {
+        let m = self.manifest(key).ok_or("manifest.json is missing or unreadable")?;
+        if m.key != key {
+            return Err(format!("manifest names key {}", m.key));
+        }
+        if digest_of(&m.files) != m.digest {
+            return Err("manifest digest does not match its file list".into());
+        }
+        let out = self.output_dir(key);
+        for f in &m.files {
+            let path = safe_join(&out, &f.path).ok_or_else(|| format!("manifest path `{}` escapes the entry", f.path))?;
+            let meta = fs::metadata(&path).map_err(|_| format!("`{}` is missing", f.path))?;
+            if meta.len() != f.size {
+                return Err(format!("`{}` has {} bytes, the manifest says {}", f.path, meta.len(), f.size));
+            }
+            if verify && hash_file(&path).map_err(|e| e.to_string())? != f.blake3 {
+                return Err(format!("`{}` does not match its digest", f.path));
+            }
+        }
+        Ok(m)
+    }
+
+    /// A fresh staging directory for `key`; stale ones of the same key (from a killed run) are
+    /// removed first. Call with the key's lock held.
+    pub fn stage(&self, key: &str, run_id: &str) -> Result<PathBuf, CacheError> {
+        let staging = self.root.join(".staging");
+        if let Ok(rd) = fs::read_dir(&staging) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&format!("{key}.")) {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let dir = staging.join(format!("{key}.{run_id}"));
+        let out = dir.join("out");
+        fs::create_dir_all(&out).map_err(io_err(&out))?;
+        Ok(dir)
+    }
+
+    /// Writes the manifest into `staging` and renames it into place.
+    pub fn commit(&self, staging: &Path, key: &str, stage: &str) -> Result<Manifest, CacheError> {
+        let out = staging.join("out");
+        let files = scan(&out)?;
+        let manifest = Manifest { version: 1, key: key.to_string(), stage: stage.to_string(), digest: digest_of(&files), files };
+        let mpath = staging.join("manifest.json");
+        fs::write(&mpath, serde_json::to_vec_pretty(&manifest).expect("serializes")).map_err(io_err(&mpath))?;
+        File::open(&mpath).and_then(|f| f.sync_all()).map_err(io_err(&mpath))?;
+        let dest = self.entry_dir(key);
+        if dest.exists() {
+            // Committed by someone else meanwhile; theirs stands.
+            let _ = fs::remove_dir_all(staging);
+            return Ok(self.manifest(key).unwrap_or(manifest));
+        }
+        fs::rename(staging, &dest).map_err(io_err(&dest))?;
+        Ok(manifest)
+    }
+
+    pub fn discard(&self, staging: &Path) {
+        let _ = fs::remove_dir_all(staging);
+    }
+
+    /// Moves an entry out of the way, then deletes it.
+    pub fn remove(&self, key: &str) -> Result<(), CacheError> {
+        let dir = self.entry_dir(key);
+        let trash = self.root.join(".trash").join(format!("{key}.{}", fastrand::u64(..)));
+        fs::rename(&dir, &trash).map_err(io_err(&dir))?;
+        fs::remove_dir_all(&trash).map_err(io_err(&trash))
+    }
+
+    /// Blocks until this process holds the key's lock.
+    pub fn lock(&self, key: &str) -> Result<KeyLock, CacheError> {
+        let path = self.root.join(".locks").join(format!("{key}.lock"));
+        let file = File::create(&path).map_err(io_err(&path))?;
+        file.lock().map_err(io_err(&path))?;
+        Ok(KeyLock { _file: file })
+    }
+
+    /// Takes the key's lock if it is free.
+    pub fn try_lock(&self, key: &str) -> Result<Option<KeyLock>, CacheError> {
+        let path = self.root.join(".locks").join(format!("{key}.lock"));
+        let file = File::create(&path).map_err(io_err(&path))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(KeyLock { _file: file })),
+            Err(fs::TryLockError::WouldBlock) => Ok(None),
+            Err(fs::TryLockError::Error(e)) => Err(CacheError::Io { path, source: e }),
+        }
+    }
+
+    /// Keys of all committed entries.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// Bytes on disk of an entry.
+    pub fn size(&self, key: &str) -> u64 {
+        self.manifest(key).map(|m| m.bytes()).unwrap_or(0)
+    }
+}
+
+/// Joins a manifest's relative path under `base`, refusing anything that could escape it.
+pub fn safe_join(base: &Path, rel: &str) -> Option<PathBuf> {
+    let p = Path::new(rel);
+    if p.is_absolute() || p.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+        return None;
+    }
+    Some(base.join(p))
+}
+
+fn scan(out: &Path) -> Result<Vec<FileEntry>, CacheError> {
+    let mut paths = Vec::new();
+    walk(out, out, &mut paths)?;
+    paths.sort();
+    let mut files = Vec::with_capacity(paths.len());
+    for rel in paths {
+        let full = out.join(&rel);
+        let size = fs::metadata(&full).map_err(io_err(&full))?.len();
+        let blake3 = hash_file(&full).map_err(io_err(&full))?;
+        files.push(FileEntry { path: rel, size, blake3 });
+    }
+    Ok(files)
+}
+
+fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), CacheError> {
+    for e in fs::read_dir(dir).map_err(io_err(dir))? {
+        let e = e.map_err(io_err(dir))?;
+        let ft = e.file_type().map_err(io_err(&e.path()))?;
+        let path = e.path();
+        if ft.is_dir() {
+            walk(base, &path, out)?;
+        } else if ft.is_file() {
+            let rel = path.strip_prefix(base).expect("under base").to_string_lossy().replace('\\', "/");
+            out.push(rel);
+        } else {
+            return Err(CacheError::FileType { path });
+        }
+    }
+    Ok(())
+}
+
+pub fn hash_file(path: &Path) -> io::Result<String> {
+    let mut h = blake3::Hasher::new();
+    let len = fs::metadata(path)?.len();
+    if len > 16 << 20 {
+        h.update_mmap_rayon(path)?;
+    } else {
+        h.update(&fs::read(path)?);
+    }
+    Ok(h.finalize().to_hex().to_string())
+}
+
+fn digest_of(files: &[FileEntry]) -> String {
+    let mut h = blake3::Hasher::new();
+    for f in files {
+        h.update(&(f.path.len() as u64).to_le_bytes());
+        h.update(f.path.as_bytes());
+        h.update(&f.size.to_le_bytes());
+        h.update(f.blake3.as_bytes());
+    }
+    h.finalize().to_hex().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_then_hit_then_corruption_is_a_miss() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let _l = store.lock("k1").unwrap();
+        let st = store.stage("k1", "r1").unwrap();
+        fs::create_dir_all(st.join("out/sub")).unwrap();
+        fs::write(st.join("out/sub/a.txt"), b"hello").unwrap();
+        let m = store.commit(&st, "k1", "s").unwrap();
+        assert_eq!(m.files.len(), 1);
+        assert!(matches!(store.lookup("k1", true), Lookup::Hit(_)));
+        // Same size, other bytes: only a full verify notices.
+        fs::write(store.output_dir("k1").join("sub/a.txt"), b"jello").unwrap();
+        assert!(matches!(store.lookup("k1", false), Lookup::Hit(_)));
+        assert!(matches!(store.lookup("k1", true), Lookup::Corrupt(_)));
+        assert!(matches!(store.lookup("k1", false), Lookup::Miss));
+    }
+
+    #[test]
+    fn manifest_paths_cannot_escape() {
+        assert!(safe_join(Path::new("/a"), "../b").is_none());
+        assert!(safe_join(Path::new("/a"), "/etc/passwd").is_none());
+        assert!(safe_join(Path::new("/a"), "b/c").is_some());
+    }
+
+    #[test]
+    fn key_lock_is_exclusive() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let held = store.try_lock("k").unwrap();
+        assert!(held.is_some());
+        assert!(store.try_lock("k").unwrap().is_none());
+        drop(held);
+        assert!(store.try_lock("k").unwrap().is_some());
+    }
+}

@@ -1,0 +1,396 @@
+//! The command line. Each subcommand is a thin layer over the library.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::exec::display::Mode;
+use crate::exit::ExitCode;
+use crate::record::{self, StageStatus};
+use crate::{env::Environment, plan, spec, Error};
+
+#[derive(Parser, Debug)]
+#[command(name = "mflow", version, about = "Declarative pipelines for Hugging Face models through Megatron and back")]
+pub struct Cli {
+    /// Output of progress and events: text (live on a terminal, plain otherwise) or json lines.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Plan, skip cached stages, run the rest.
+    Run(RunArgs),
+    /// Show what `run` would do with every stage, and why. Runs nothing.
+    Plan {
+        spec: PathBuf,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
+        format: PlanFormat,
+        /// Rehash cache entries instead of checking sizes.
+        #[arg(long)]
+        verify: bool,
+    },
+    /// What changed in a stage's cache key since it last ran.
+    Why {
+        spec: PathBuf,
+        stage: String,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Check a spec without running anything.
+    Validate {
+        spec: PathBuf,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Print the JSON Schema of specs (for editor completion).
+    Schema,
+    /// List recorded runs.
+    Runs {
+        #[arg(long, default_value = ".mflow")]
+        workdir: PathBuf,
+    },
+    /// Show one run's stages.
+    Status {
+        run: Option<String>,
+        #[arg(long, default_value = ".mflow")]
+        workdir: PathBuf,
+    },
+    /// Print a stage's log from a run (default: the latest).
+    Logs {
+        /// [RUN] STAGE
+        #[arg(num_args = 1..=2, required = true)]
+        args: Vec<String>,
+        #[arg(long, default_value = ".mflow")]
+        workdir: PathBuf,
+        /// Keep printing as the log grows.
+        #[arg(long, short)]
+        follow: bool,
+    },
+    /// Print the path of a stage's committed output.
+    Output {
+        spec: PathBuf,
+        stage: String,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Delete cache entries that no kept run references.
+    Gc {
+        #[arg(long, default_value = ".mflow")]
+        workdir: PathBuf,
+        /// Runs whose outputs are kept.
+        #[arg(long, default_value_t = 10)]
+        keep_runs: usize,
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Report Python, torch, CUDA devices, NCCL and megatron-core.
+    Doctor,
+    /// Provision the Python environment of the workloads and print its interpreter.
+    Env,
+    /// Print the table of exit codes.
+    ExitCodes,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    pub spec: PathBuf,
+    /// Override a value: vars.NAME=VALUE or stages.STAGE.KEY=VALUE.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Stages running at the same time (default: CPUs).
+    #[arg(long, short)]
+    pub jobs: Option<usize>,
+    /// Run this stage even if cached (repeatable).
+    #[arg(long)]
+    pub force: Vec<String>,
+    /// Rehash cache entries before trusting them.
+    #[arg(long)]
+    pub verify: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
+pub enum PlanFormat {
+    Text,
+    Json,
+}
+
+pub fn main(cli: Cli) -> Result<ExitCode, Error> {
+    match cli.command {
+        Command::Run(args) => run(args, cli.log_format),
+        Command::Plan { spec, set, format, verify } => {
+            let (plan, store) = load_plan(&spec, &set)?;
+            let last = record::last_keys(&plan.spec.workdir());
+            let decisions = plan::decide(&plan, &store, &last, &[], verify);
+            match format {
+                PlanFormat::Json => println!("{}", serde_json::to_string_pretty(&decisions).unwrap()),
+                PlanFormat::Text => print!("{}", render_plan(&decisions)),
+            }
+            Ok(ExitCode::Success)
+        }
+        Command::Why { spec, stage, set } => {
+            let (plan, store) = load_plan(&spec, &set)?;
+            let i = plan.index(&stage).ok_or_else(|| plan::PlanError::UnknownStage(stage.clone()))?;
+            let last = record::last_keys(&plan.spec.workdir());
+            let decisions = plan::decide(&plan, &store, &last, &[], false);
+            let d = &decisions[i];
+            let old = last.get(&stage);
+            // Upstream digests as they are now (cached ones), else as last recorded.
+            let digest = |d: usize| -> Option<String> {
+                let n = &plan.stages[d].spec.name;
+                match &decisions[d].decision {
+                    plan::Decision::Cached { key } => store.manifest(key).map(|m| m.digest),
+                    _ => last.get(&stage).and_then(|o| o.upstream.get(n).cloned()),
+                }
+            };
+            match (plan.parts_with(i, &digest), old) {
+                (_, None) => println!("{stage}: never ran in this workdir"),
+                (None, Some(_)) => println!("{stage}: an upstream stage has no recorded output yet"),
+                (Some(now), Some(old)) => {
+                    let diff = now.diff(old);
+                    if diff.is_empty() {
+                        println!("{stage}: key unchanged ({})", crate::cache::key::short(&now.key()));
+                    } else {
+                        println!("{stage}: key {} -> {}", crate::cache::key::short(&old.key()), crate::cache::key::short(&now.key()));
+                        for line in diff {
+                            println!("  {line}");
+                        }
+                    }
+                }
+            }
+            println!("decision: {}", describe(&d.decision));
+            Ok(ExitCode::Success)
+        }
+        Command::Validate { spec, set } => {
+            let s = spec::load(&spec, &set)?;
+            println!("{}: ok ({} stages)", spec.display(), s.stages.len());
+            Ok(ExitCode::Success)
+        }
+        Command::Schema => {
+            println!("{}", serde_json::to_string_pretty(&spec::json_schema()).unwrap());
+            Ok(ExitCode::Success)
+        }
+        Command::Runs { workdir } => {
+            for id in record::list(&workdir) {
+                if let Some(r) = record::load(&workdir, &id) {
+                    let ran = r.stages.values().filter(|s| s.status == StageStatus::Succeeded).count();
+                    let cached = r.stages.values().filter(|s| s.status == StageStatus::Cached).count();
+                    println!("{id}  {:<10} {:<12} ran {ran}, cached {cached}", format!("{:?}", r.status).to_lowercase(), r.pipeline);
+                }
+            }
+            Ok(ExitCode::Success)
+        }
+        Command::Status { run, workdir } => {
+            let id = record::resolve(&workdir, run.as_deref()).ok_or_else(|| Error::usage("no such run", "`mflow runs` lists the runs"))?;
+            let r = record::load(&workdir, &id).ok_or_else(|| Error::usage(format!("run {id} has no readable record"), "the run directory may be damaged"))?;
+            println!("run {id} ({}) {:?}", r.pipeline, r.status);
+            for name in &r.order {
+                let s = &r.stages[name];
+                let dur = s.duration_s.map(|d| format!("{d:.1}s")).unwrap_or_default();
+                let attempts = if s.attempts.len() > 1 { format!(" ({} attempts)", s.attempts.len()) } else { String::new() };
+                println!("  {:<20} {:<10} {:>8}{attempts} {}", name, format!("{:?}", s.status).to_lowercase(), dur, s.message.clone().unwrap_or_default());
+            }
+            Ok(ExitCode::Success)
+        }
+        Command::Logs { args, workdir, follow } => {
+            let (run, stage) = if args.len() == 2 { (Some(args[0].as_str()), args[1].clone()) } else { (None, args[0].clone()) };
+            let id = record::resolve(&workdir, run).ok_or_else(|| Error::usage("no such run", "`mflow runs` lists the runs"))?;
+            if !spec::valid_name(&stage) {
+                return Err(Error::usage(format!("invalid stage name `{stage}`"), "give a stage name from the spec"));
+            }
+            let dir = record::runs_dir(&workdir).join(&id).join("stages").join(&stage);
+            let r = record::load(&workdir, &id);
+            let n = r.as_ref().and_then(|r| r.stages.get(&stage)).map(|s| s.attempts.len()).unwrap_or(0);
+            if n == 0 {
+                return Err(Error::usage(format!("stage `{stage}` has no log in run {id}"), "cached stages have no log; see `mflow status`"));
+            }
+            print_logs(&dir, n, follow, &workdir, &id, &stage)?;
+            Ok(ExitCode::Success)
+        }
+        Command::Output { spec, stage, set } => {
+            let (plan, store) = load_plan(&spec, &set)?;
+            let i = plan.index(&stage).ok_or_else(|| plan::PlanError::UnknownStage(stage.clone()))?;
+            let decisions = plan::decide(&plan, &store, &record::last_keys(&plan.spec.workdir()), &[], false);
+            match &decisions[i].decision {
+                plan::Decision::Cached { key } => {
+                    println!("{}", store.output_dir(key).display());
+                    Ok(ExitCode::Success)
+                }
+                d => Err(Error::usage(format!("stage `{stage}` has no committed output for the current spec ({})", describe(d)), format!("run `mflow run {}` first", spec.display()))),
+            }
+        }
+        Command::Gc { workdir, keep_runs, dry_run } => gc(&workdir, keep_runs, dry_run),
+        Command::Doctor => doctor(),
+        Command::Env => {
+            let env = Environment::detect(None);
+            println!("{}", env.python()?.display());
+            Ok(ExitCode::Success)
+        }
+        Command::ExitCodes => {
+            for (code, what) in ExitCode::TABLE {
+                println!("{code:>4}  {what}");
+            }
+            Ok(ExitCode::Success)
+        }
+    }
+}
+
+fn load_plan(path: &Path, set: &[String]) -> Result<(plan::Plan, crate::cache::Store), Error> {
+    let s = spec::load(path, set)?;
+    let env = Environment::detect(s.python.as_deref());
+    let store = crate::cache::Store::open(&s.workdir())?;
+    Ok((plan::build(s, &env)?, store))
+}
+
+fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
+    let s = spec::load(&args.spec, &args.set)?;
+    for f in &args.force {
+        if s.stage(f).is_none() {
+            return Err(plan::PlanError::UnknownStage(f.clone()).into());
+        }
+    }
+    let env = Environment::detect(s.python.as_deref());
+    let plan = plan::build(s, &env)?;
+    let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io(Path::new("tokio runtime"), e))?;
+    let opts = crate::exec::Options { jobs: args.jobs, force: args.force, verify: args.verify, mode: Mode::detect(format == LogFormat::Json), overrides: args.set };
+    let outcome = rt.block_on(crate::exec::run(plan, env, opts))?;
+    let r = &outcome.record;
+    let count = |st: StageStatus| r.stages.values().filter(|s| s.status == st).count();
+    eprintln!(
+        "run {} {}: {} ran, {} cached, {} failed, {} skipped  (record: {})",
+        r.id,
+        format!("{:?}", r.status).to_lowercase(),
+        count(StageStatus::Succeeded),
+        count(StageStatus::Cached),
+        count(StageStatus::Failed),
+        count(StageStatus::Skipped) + count(StageStatus::Cancelled),
+        outcome.run_dir.display()
+    );
+    for (name, s) in &r.stages {
+        for g in &s.gates {
+            eprintln!("  gate {name}.{} {} : {} -> {}", g.metric, g.condition, g.value.map(|v| format!("{v:.4}")).unwrap_or("missing".into()), if g.passed { "pass" } else { "FAIL" });
+        }
+    }
+    Ok(crate::exit::for_run(r))
+}
+
+fn describe(d: &plan::Decision) -> String {
+    match d {
+        plan::Decision::Cached { key } => format!("cached ({})", crate::cache::key::short(key)),
+        plan::Decision::Run { reason, .. } => format!("run: {reason}"),
+        plan::Decision::Resume { iteration, .. } => format!("resume from checkpoint iteration {iteration}"),
+    }
+}
+
+pub fn render_plan(decisions: &[plan::StageDecision]) -> String {
+    let w = decisions.iter().map(|d| d.stage.len()).max().unwrap_or(5);
+    let mut out = String::new();
+    for d in decisions {
+        let (action, why) = match &d.decision {
+            plan::Decision::Cached { key } => ("cached", crate::cache::key::short(key).to_string()),
+            plan::Decision::Run { reason, .. } => ("run", reason.clone()),
+            plan::Decision::Resume { iteration, .. } => ("resume", format!("from checkpoint iteration {iteration}")),
+        };
+        out.push_str(&format!("{:<w$}  {:<9} {:<7} {}\n", d.stage, d.kind, action, why));
+    }
+    out
+}
+
+fn print_logs(dir: &Path, attempts: usize, follow: bool, workdir: &Path, id: &str, stage: &str) -> Result<(), Error> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    for n in 1..attempts {
+        let p = dir.join(format!("attempt-{n}.log"));
+        println!("--- attempt {n} ---");
+        print!("{}", std::fs::read_to_string(&p).unwrap_or_default());
+    }
+    let p = dir.join(format!("attempt-{attempts}.log"));
+    if attempts > 1 {
+        println!("--- attempt {attempts} ---");
+    }
+    let mut f = std::fs::File::open(&p).map_err(|e| Error::io(&p, e))?;
+    let mut pos = 0u64;
+    loop {
+        let mut buf = Vec::new();
+        f.seek(SeekFrom::Start(pos)).map_err(|e| Error::io(&p, e))?;
+        f.read_to_end(&mut buf).map_err(|e| Error::io(&p, e))?;
+        pos += buf.len() as u64;
+        std::io::stdout().write_all(&buf).ok();
+        std::io::stdout().flush().ok();
+        if !follow {
+            return Ok(());
+        }
+        let r = record::load(workdir, id);
+        let s = r.as_ref().and_then(|r| r.stages.get(stage));
+        let still = s.is_some_and(|s| s.status == StageStatus::Running && s.attempts.len() == attempts);
+        if !still && buf.is_empty() {
+            if let Some(s) = s {
+                if s.attempts.len() > attempts {
+                    return print_logs(dir, s.attempts.len(), follow, workdir, id, stage);
+                }
+            }
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+}
+
+fn gc(workdir: &Path, keep_runs: usize, dry_run: bool) -> Result<ExitCode, Error> {
+    let store = crate::cache::Store::open(workdir)?;
+    let ids = record::list(workdir);
+    let keep: std::collections::BTreeSet<String> = ids
+        .iter()
+        .rev()
+        .take(keep_runs)
+        .filter_map(|id| record::load(workdir, id))
+        .flat_map(|r| r.stages.into_values().filter_map(|s| s.key))
+        .collect();
+    let mut freed = 0u64;
+    let mut removed = 0usize;
+    for key in store.keys() {
+        if keep.contains(&key) {
+            continue;
+        }
+        // A key being computed right now is locked; leave it.
+        let Some(_lock) = store.try_lock(&key)? else { continue };
+        freed += store.size(&key);
+        removed += 1;
+        if dry_run {
+            println!("would remove {key}");
+        } else {
+            store.remove(&key)?;
+        }
+    }
+    println!("{} {removed} entries, {:.1} MB", if dry_run { "would remove" } else { "removed" }, freed as f64 / 1e6);
+    Ok(ExitCode::Success)
+}
+
+fn doctor() -> Result<ExitCode, Error> {
+    let env = Environment::detect(None);
+    println!("mflow {}", env!("CARGO_PKG_VERSION"));
+    println!("cpus: {}", env.cpus);
+    println!("gpus visible: {}", if env.gpus.is_empty() { "none".to_string() } else { env.gpus.join(",") });
+    println!("python environment: {}", env.python_digest());
+    let python = env.python()?;
+    let dir = env.workloads_dir()?;
+    let out = std::process::Command::new(&python)
+        .args(["-m", "mflow_workloads.doctor"])
+        .env("PYTHONPATH", &dir)
+        .output()
+        .map_err(|e| Error::io(&python, e))?;
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    if !out.status.success() {
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        return Ok(ExitCode::Internal);
+    }
+    Ok(ExitCode::Success)
+}

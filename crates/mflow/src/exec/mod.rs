@@ -1,0 +1,350 @@
+//! The executor: runs a plan's stages in dependency order, in parallel where the DAG and the
+//! resource pool allow, skipping verified cache hits, retrying failures by class, and keeping
+//! the run record current.
+
+pub mod display;
+pub mod gates;
+pub mod pool;
+pub mod retry;
+mod stage;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch, Mutex};
+
+use crate::backend::{Cancel, Line};
+use crate::cache::key::KeyParts;
+use crate::cache::{Lookup, Store};
+use crate::env::Environment;
+use crate::plan::Plan;
+use crate::record::{self, RunRecord, RunStatus, StageRecord, StageStatus};
+use display::{Display, Mode};
+use pool::Pool;
+use retry::FailureClass;
+
+pub struct Options {
+    pub jobs: Option<usize>,
+    pub force: Vec<String>,
+    pub verify: bool,
+    pub mode: Mode,
+    pub overrides: Vec<String>,
+}
+
+/// How a stage ended, for the scheduler.
+#[derive(Debug, Clone)]
+pub enum StageEnd {
+    Done { digest: String, output: PathBuf, cached: bool },
+    Failed { class: FailureClass, message: String },
+}
+
+pub struct RunOutcome {
+    pub record: RunRecord,
+    pub run_dir: PathBuf,
+}
+
+/// Newest checkpoint iteration a failed attempt of `key` left behind, if any.
+pub fn resume_point(workdir: &Path, key: &str) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(scratch_dir(workdir, key).join("progress.json")).ok()?).ok()?;
+    v.get("checkpoint_iteration")?.as_u64()
+}
+
+pub fn scratch_dir(workdir: &Path, key: &str) -> PathBuf {
+    workdir.join("scratch").join(key)
+}
+
+pub(crate) struct Shared {
+    pub plan: Plan,
+    pub env: Environment,
+    pub store: Store,
+    pub run_id: String,
+    pub run_dir: PathBuf,
+    pub record: Mutex<RunRecord>,
+    pub display: Arc<std::sync::Mutex<Display>>,
+    pub lines: mpsc::UnboundedSender<Line>,
+    pub cancel: watch::Receiver<Cancel>,
+    pub verify: bool,
+}
+
+impl Shared {
+    pub async fn update(&self, stage: &str, f: impl FnOnce(&mut StageRecord)) {
+        let mut rec = self.record.lock().await;
+        if let Some(s) = rec.stages.get_mut(stage) {
+            f(s);
+        }
+        let _ = record::write_json(&self.run_dir.join("run.json"), &*rec);
+    }
+
+    pub fn show(&self, stage: &str, what: &str, detail: &str) {
+        self.display.lock().unwrap().status(stage, what, detail);
+    }
+}
+
+pub async fn run(plan: Plan, env: Environment, opts: Options) -> Result<RunOutcome, crate::Error> {
+    let workdir = plan.spec.workdir();
+    let store = Store::open(&workdir)?;
+    let run_id = record::new_run_id();
+    let run_dir = record::runs_dir(&workdir).join(&run_id);
+    std::fs::create_dir_all(run_dir.join("stages")).map_err(|e| crate::Error::io(&run_dir, e))?;
+    std::fs::write(run_dir.join("spec.toml"), plan.spec.source.as_bytes()).map_err(|e| crate::Error::io(&run_dir, e))?;
+    if !opts.overrides.is_empty() {
+        let _ = std::fs::write(run_dir.join("overrides.txt"), opts.overrides.join("\n"));
+    }
+    let last = record::last_keys(&workdir);
+    let decisions = crate::plan::decide(&plan, &store, &last, &opts.force, false);
+    let _ = record::write_json(&run_dir.join("plan.json"), &decisions);
+
+    let names: Vec<String> = plan.stages.iter().map(|s| s.spec.name.clone()).collect();
+    let stages = plan
+        .stages
+        .iter()
+        .map(|s| {
+            (
+                s.spec.name.clone(),
+                StageRecord {
+                    kind: s.spec.kind.name().into(),
+                    status: StageStatus::Pending,
+                    key: None,
+                    output: None,
+                    output_digest: None,
+                    started: None,
+                    finished: None,
+                    duration_s: None,
+                    attempts: vec![],
+                    message: None,
+                    gates: vec![],
+                    metrics: None,
+                    verification: None,
+                },
+            )
+        })
+        .collect();
+    let rec = RunRecord {
+        id: run_id.clone(),
+        pipeline: plan.spec.pipeline.name.clone(),
+        spec: plan.spec.path.display().to_string(),
+        started: record::now(),
+        finished: None,
+        status: RunStatus::Running,
+        exit_code: None,
+        mflow_version: env!("CARGO_PKG_VERSION").into(),
+        stages,
+        order: names.clone(),
+    };
+    let _ = record::write_json(&run_dir.join("run.json"), &rec);
+
+    let (cancel_tx, cancel_rx) = watch::channel(Cancel::None);
+    let (line_tx, mut line_rx) = mpsc::unbounded_channel::<Line>();
+    let jobs = opts.jobs.or(plan.spec.pipeline.jobs).unwrap_or(env.cpus).max(1);
+    let mut pool = Pool::new(env.cpus, env.gpus.clone());
+    let display = Arc::new(std::sync::Mutex::new(Display::new(opts.mode, &names)));
+    let shared = Arc::new(Shared {
+        display: display.clone(),
+        plan,
+        env,
+        store,
+        run_id: run_id.clone(),
+        run_dir: run_dir.clone(),
+        record: Mutex::new(rec),
+        lines: line_tx,
+        cancel: cancel_rx,
+        verify: opts.verify,
+    });
+
+    // Output lines go to the display as they arrive.
+    let printer = {
+        let display = display.clone();
+        tokio::spawn(async move {
+            while let Some(l) = line_rx.recv().await {
+                display.lock().unwrap().line(&l.stage, &l.text);
+            }
+        })
+    };
+    // First Ctrl-C: graceful stop; second: kill.
+    let signals = tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut count = 0;
+        loop {
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => { if r.is_err() { break } }
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+            count += 1;
+            let level = if count == 1 { Cancel::Graceful } else { Cancel::Immediate };
+            eprintln!("mflow: {}", if count == 1 { "stopping: terminating running stages (Ctrl-C again to kill)" } else { "killing running stages" });
+            let _ = cancel_tx.send(level);
+            if count >= 2 {
+                break;
+            }
+        }
+    });
+
+    let n = shared.plan.stages.len();
+    let mut state: Vec<Option<StageEnd>> = vec![None; n];
+    let mut running = vec![false; n];
+    let mut running_count = 0usize;
+    let mut keys: BTreeMap<String, KeyParts> = BTreeMap::new();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, StageEnd, pool::Grant)>();
+    loop {
+        let cancelled = *shared.cancel.borrow() != Cancel::None;
+        let mut progressed = true;
+        while progressed {
+            progressed = false;
+            for i in 0..n {
+                if state[i].is_some() || running[i] {
+                    continue;
+                }
+                let st = &shared.plan.stages[i];
+                let name = st.spec.name.clone();
+                // An upstream that failed, was skipped or cancelled stops this stage.
+                if let Some(&d) = st.deps.iter().find(|&&d| matches!(state[d], Some(StageEnd::Failed { .. }))) {
+                    let up = shared.plan.stages[d].spec.name.clone();
+                    state[i] = Some(StageEnd::Failed { class: FailureClass::Cancelled, message: format!("upstream `{up}` did not succeed") });
+                    shared.update(&name, |r| {
+                        r.status = StageStatus::Skipped;
+                        r.message = Some(format!("upstream `{up}` did not succeed"));
+                    })
+                    .await;
+                    shared.show(&name, "skipped", &format!("upstream `{up}` did not succeed"));
+                    progressed = true;
+                    continue;
+                }
+                if !st.deps.iter().all(|&d| matches!(state[d], Some(StageEnd::Done { .. }))) {
+                    continue;
+                }
+                if cancelled {
+                    state[i] = Some(StageEnd::Failed { class: FailureClass::Cancelled, message: "run cancelled".into() });
+                    shared.update(&name, |r| r.status = StageStatus::Cancelled).await;
+                    progressed = true;
+                    continue;
+                }
+                let digest_of = |d: usize| match &state[d] {
+                    Some(StageEnd::Done { digest, .. }) => Some(digest.clone()),
+                    _ => None,
+                };
+                let parts = shared.plan.parts_with(i, &digest_of).expect("upstream done");
+                let key = parts.key();
+                keys.insert(name.clone(), parts);
+                let forced = opts.force.iter().any(|f| f == &name);
+                if st.spec.cache && !forced {
+                    match shared.store.lookup(&key, shared.verify) {
+                        Lookup::Hit(m) => {
+                            let output = shared.store.output_dir(&key);
+                            shared
+                                .update(&name, |r| {
+                                    r.status = StageStatus::Cached;
+                                    r.key = Some(key.clone());
+                                    r.output = Some(output.display().to_string());
+                                    r.output_digest = Some(m.digest.clone());
+                                })
+                                .await;
+                            shared.show(&name, "cached", &crate::cache::key::short(&key).to_string());
+                            state[i] = Some(StageEnd::Done { digest: m.digest, output, cached: true });
+                            progressed = true;
+                            continue;
+                        }
+                        Lookup::Corrupt(why) => {
+                            tracing::warn!(stage = %name, "cache entry {key} is corrupt ({why}); running again");
+                            shared.show(&name, "warning", &format!("cache entry corrupt ({why}); running again"));
+                        }
+                        Lookup::Miss => {}
+                    }
+                }
+                if running_count >= jobs {
+                    continue;
+                }
+                if let Err(why) = pool.fits(&st.spec.resources) {
+                    state[i] = Some(StageEnd::Failed { class: FailureClass::User, message: why.clone() });
+                    shared.update(&name, |r| {
+                        r.status = StageStatus::Failed;
+                        r.message = Some(why.clone());
+                    })
+                    .await;
+                    shared.show(&name, "failed", &why);
+                    progressed = true;
+                    continue;
+                }
+                let Some(grant) = pool.take(&st.spec.resources) else { continue };
+                running[i] = true;
+                running_count += 1;
+                let upstream: BTreeMap<String, PathBuf> = st
+                    .deps
+                    .iter()
+                    .filter_map(|&d| match &state[d] {
+                        Some(StageEnd::Done { output, .. }) => Some((shared.plan.stages[d].spec.name.clone(), output.clone())),
+                        _ => None,
+                    })
+                    .collect();
+                let shared2 = shared.clone();
+                let tx = done_tx.clone();
+                tokio::spawn(async move {
+                    let end = stage::run_stage(shared2, i, key, upstream, &grant, forced).await;
+                    let _ = tx.send((i, end, grant));
+                });
+            }
+        }
+        if running_count == 0 {
+            break;
+        }
+        let Some((i, end, grant)) = done_rx.recv().await else { break };
+        pool.give(grant);
+        running[i] = false;
+        running_count -= 1;
+        state[i] = Some(end);
+    }
+    signals.abort();
+    drop(done_tx);
+
+    record::save_last_keys(&workdir, &keys);
+    let mut rec = shared.record.lock().await.clone();
+    let ends: Vec<&StageEnd> = state.iter().flatten().collect();
+    let cancelled = *shared.cancel.borrow() != Cancel::None;
+    rec.status = if cancelled {
+        RunStatus::Cancelled
+    } else if ends.iter().all(|e| matches!(e, StageEnd::Done { .. })) && ends.len() == n {
+        RunStatus::Succeeded
+    } else {
+        RunStatus::Failed
+    };
+    rec.finished = Some(record::now());
+    let code = crate::exit::for_run(&rec);
+    rec.exit_code = Some(code.code());
+    let _ = record::write_json(&run_dir.join("run.json"), &rec);
+    write_lock(&shared, &rec, &keys, &opts.overrides);
+    shared.display.lock().unwrap().finish();
+    drop(shared);
+    let _ = printer.await;
+    Ok(RunOutcome { record: rec, run_dir })
+}
+
+fn write_lock(shared: &Shared, rec: &RunRecord, keys: &BTreeMap<String, KeyParts>, overrides: &[String]) {
+    let spec = &shared.plan.spec;
+    let stages = keys
+        .iter()
+        .map(|(name, parts)| {
+            let sr = rec.stages.get(name);
+            (
+                name.clone(),
+                record::LockedStage { kind: parts.kind.clone(), key: parts.key(), parts: parts.clone(), output_digest: sr.and_then(|s| s.output_digest.clone()) },
+            )
+        })
+        .collect();
+    let mut environment = BTreeMap::new();
+    environment.insert("python".into(), shared.env.python_digest());
+    environment.insert("gpus".into(), shared.env.gpus.len().to_string());
+    environment.insert("os".into(), format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH));
+    let lock = record::Lockfile {
+        version: 1,
+        mflow_version: env!("CARGO_PKG_VERSION").into(),
+        pipeline: spec.pipeline.name.clone(),
+        spec: spec.path.display().to_string(),
+        spec_digest: blake3::hash(spec.source.as_bytes()).to_hex().to_string(),
+        git_commit: record::git_commit(&spec.dir),
+        created: record::now(),
+        overrides: overrides.to_vec(),
+        environment,
+        stages,
+    };
+    let _ = record::write_json(&shared.run_dir.join("mflow.lock"), &lock);
+}

@@ -1,0 +1,264 @@
+//! One stage from lock to commit: attempts, retries, gates, and the record of each.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::Value as Json;
+
+use super::pool::Grant;
+use super::retry::{FailureClass, RetryState, Verdict};
+use super::{scratch_dir, Shared, StageEnd};
+use crate::backend::{local, Cancel, Job, Outcome};
+use crate::cache::Lookup;
+use crate::record::{self, Attempt, StageStatus};
+use crate::stages::{build_job, JobContext};
+
+pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String, upstream: BTreeMap<String, PathBuf>, grant: &Grant, forced: bool) -> StageEnd {
+    let sh = &*arc;
+    let st = &sh.plan.stages[i];
+    let name = st.spec.name.clone();
+    let workdir = sh.plan.spec.workdir();
+    // Wait for the key's lock: another run may be computing the same output right now.
+    let lock = loop {
+        match sh.store.try_lock(&key) {
+            Ok(Some(l)) => break l,
+            Ok(None) => {}
+            Err(e) => return fail(sh, &name, FailureClass::Infra, e.to_string()).await,
+        }
+        if *sh.cancel.borrow() != Cancel::None {
+            return fail(sh, &name, FailureClass::Cancelled, "cancelled".into()).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    if st.spec.cache && !forced {
+        if let Lookup::Hit(m) = sh.store.lookup(&key, false) {
+            let output = sh.store.output_dir(&key);
+            sh.update(&name, |r| {
+                r.status = StageStatus::Cached;
+                r.key = Some(key.clone());
+                r.output = Some(output.display().to_string());
+                r.output_digest = Some(m.digest.clone());
+            })
+            .await;
+            sh.show(&name, "cached", "computed by another run");
+            return StageEnd::Done { digest: m.digest, output, cached: true };
+        }
+    }
+    let stage_dir = sh.run_dir.join("stages").join(&name);
+    let _ = std::fs::create_dir_all(&stage_dir);
+    let scratch = scratch_dir(&workdir, &key);
+    let _ = std::fs::create_dir_all(&scratch);
+    let started = Instant::now();
+    sh.update(&name, |r| {
+        r.status = StageStatus::Running;
+        r.key = Some(key.clone());
+        r.started = Some(record::now());
+    })
+    .await;
+
+    let params = crate::spec::substitute_outputs(&st.parts.params, &|n| upstream.get(n).map(|p| p.display().to_string()).unwrap_or_default());
+    let mut retry = RetryState::default();
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let before = super::resume_point(&workdir, &key);
+        let staging = match sh.store.stage(&key, &sh.run_id) {
+            Ok(s) => s,
+            Err(e) => return fail(sh, &name, FailureClass::Infra, e.to_string()).await,
+        };
+        let out = staging.join("out");
+        let cx = JobContext {
+            stage: &st.spec,
+            params: &params,
+            output: &out,
+            scratch: &scratch,
+            attempt_dir: &stage_dir,
+            attempt,
+            spec_dir: &sh.plan.spec.dir,
+            env: &sh.env,
+            upstream: &upstream,
+            gpus: &grant.gpus,
+            cpus: grant.cpus.max(1.0),
+        };
+        let plan = match build_job(&cx) {
+            Ok(p) => p,
+            Err(e) => {
+                sh.store.discard(&staging);
+                return fail(sh, &name, FailureClass::User, e).await;
+            }
+        };
+        if plan.output_created_by_stage {
+            let _ = std::fs::remove_dir(&out);
+        }
+        let log = stage_dir.join(format!("attempt-{attempt}.log"));
+        let status_file = stage_dir.join(format!("attempt-{attempt}.status.json"));
+        let progress_file = stage_dir.join(format!("attempt-{attempt}.progress.jsonl"));
+        let mut env = plan.env.clone();
+        env.extend(st.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.insert("MFLOW_OUTPUT".into(), out.display().to_string());
+        env.insert("MFLOW_SCRATCH".into(), scratch.display().to_string());
+        env.insert("MFLOW_PROGRESS".into(), progress_file.display().to_string());
+        env.insert("MFLOW_METRICS".into(), stage_dir.join("metrics.jsonl").display().to_string());
+        env.insert("MFLOW_STATUS".into(), status_file.display().to_string());
+        env.insert("MFLOW_ATTEMPT".into(), attempt.to_string());
+        env.insert("MFLOW_STAGE".into(), name.clone());
+        env.insert("MFLOW_RUN_DIR".into(), sh.run_dir.display().to_string());
+        for (up, path) in &upstream {
+            env.insert(format!("MFLOW_INPUT_{}", env_name(up)), path.display().to_string());
+        }
+        let job = Job { stage: name.clone(), key: key.clone(), attempt, steps: plan.steps, env, cwd: plan.cwd, timeout: st.spec.timeout, log: log.clone(), status_file: status_file.clone() };
+        sh.show(&name, "started", &if attempt > 1 { format!("attempt {attempt}") } else { String::new() });
+        let attempt_started = record::now();
+        let t0 = Instant::now();
+        sh.update(&name, |r| {
+            r.attempts.push(Attempt {
+                n: attempt,
+                started: attempt_started.clone(),
+                finished: None,
+                duration_s: None,
+                outcome: None,
+                message: None,
+                log: log.strip_prefix(&sh.run_dir).unwrap_or(&log).display().to_string(),
+                resumed_from: before,
+                checkpoint_iteration: None,
+            })
+        })
+        .await;
+
+        let watcher = tokio::spawn(watch_progress(progress_file.clone(), name.clone(), arc.clone()));
+        let mut outcome = local::run(&job, sh.lines.clone(), sh.cancel.clone()).await;
+        watcher.abort();
+        let reported = read_json(&status_file);
+        let after = reported.as_ref().and_then(|v| v.get("checkpoint_iteration")).and_then(Json::as_u64).or(before);
+        let resumed_from = reported.as_ref().and_then(|v| v.get("resumed_from")).and_then(Json::as_u64);
+        if let Some(a) = after {
+            let _ = record::write_json(&scratch.join("progress.json"), &serde_json::json!({"checkpoint_iteration": a}));
+        }
+
+        let mut gate_results = Vec::new();
+        if outcome == Outcome::Success {
+            if !out.is_dir() {
+                outcome = Outcome::Failed { class: FailureClass::User, message: "the stage succeeded but wrote no output directory".into() };
+            } else if !st.spec.gates.is_empty() {
+                let metrics = read_json(&out.join("metrics.json")).unwrap_or(Json::Null);
+                gate_results = crate::exec::gates::evaluate(&st.spec.gates, &metrics);
+                let failed: Vec<String> = gate_results.iter().filter(|g| !g.passed).map(|g| format!("{} = {} is not {}", g.metric, g.value.map(|v| format!("{v:.4}")).unwrap_or("missing".into()), g.condition)).collect();
+                if !failed.is_empty() {
+                    outcome = Outcome::Failed { class: FailureClass::Gate, message: format!("gate failed: {}", failed.join("; ")) };
+                }
+            }
+        }
+        let metrics = read_json(&out.join("metrics.json"));
+        let verification = read_json(&out.join("verification.json"));
+        let (outcome_str, message) = match &outcome {
+            Outcome::Success => ("success".to_string(), None),
+            Outcome::Failed { class, message } => (class.to_string(), Some(message.clone())),
+        };
+        let dur = t0.elapsed().as_secs_f64();
+        sh.update(&name, |r| {
+            if let Some(a) = r.attempts.last_mut() {
+                a.finished = Some(record::now());
+                a.duration_s = Some(dur);
+                a.outcome = Some(outcome_str.clone());
+                a.message = message.clone();
+                a.checkpoint_iteration = after;
+                if resumed_from.is_some() {
+                    a.resumed_from = resumed_from;
+                }
+            }
+            r.gates = gate_results.clone();
+            r.metrics = metrics.clone();
+            r.verification = verification.clone();
+        })
+        .await;
+
+        match outcome {
+            Outcome::Success => {
+                let manifest = match sh.store.commit(&staging, &key, &name) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        sh.store.discard(&staging);
+                        return fail(sh, &name, FailureClass::Infra, e.to_string()).await;
+                    }
+                };
+                drop(lock);
+                let _ = std::fs::remove_dir_all(&scratch);
+                let output = sh.store.output_dir(&key);
+                let total = started.elapsed().as_secs_f64();
+                sh.update(&name, |r| {
+                    r.status = StageStatus::Succeeded;
+                    r.output = Some(output.display().to_string());
+                    r.output_digest = Some(manifest.digest.clone());
+                    r.finished = Some(record::now());
+                    r.duration_s = Some(total);
+                })
+                .await;
+                sh.show(&name, "succeeded", &format!("{:.1}s", total));
+                return StageEnd::Done { digest: manifest.digest, output, cached: false };
+            }
+            Outcome::Failed { class, message } => {
+                sh.store.discard(&staging);
+                if class == FailureClass::Cancelled || class == FailureClass::Gate {
+                    return fail(sh, &name, class, message).await;
+                }
+                match retry.on_failure(&st.spec.retries, class, before, after) {
+                    Verdict::GiveUp(why) => {
+                        let msg = if st.spec.retries.max > 0 || st.spec.retries.on.contains(&class) { format!("{message} ({why})") } else { message };
+                        return fail(sh, &name, class, msg).await;
+                    }
+                    Verdict::RetryAfter(d) => {
+                        sh.show(&name, "retrying", &format!("{class}: {message}; attempt {} in {}", attempt + 1, humantime::format_duration(Duration::from_millis(d.as_millis() as u64))));
+                        let mut c = sh.cancel.clone();
+                        tokio::select! {
+                            _ = tokio::time::sleep(d) => {}
+                            _ = async { let _ = c.wait_for(|l| *l != Cancel::None).await; } => {
+                                return fail(sh, &name, FailureClass::Cancelled, "cancelled while waiting to retry".into()).await;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn fail(sh: &Shared, name: &str, class: FailureClass, message: String) -> StageEnd {
+    let status = if class == FailureClass::Cancelled { StageStatus::Cancelled } else { StageStatus::Failed };
+    sh.update(name, |r| {
+        r.status = status;
+        r.message = Some(format!("{class}: {message}"));
+        r.finished = Some(record::now());
+    })
+    .await;
+    sh.show(name, if status == StageStatus::Cancelled { "cancelled" } else { "failed" }, &format!("{class}: {message}"));
+    StageEnd::Failed { class, message }
+}
+
+fn read_json(path: &std::path::Path) -> Option<Json> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// The stage name as it appears in `MFLOW_INPUT_<STAGE>`.
+pub fn env_name(stage: &str) -> String {
+    stage.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
+}
+
+/// Follows the stage's progress file and forwards the newest event to the display.
+async fn watch_progress(path: PathBuf, stage: String, sh: std::sync::Arc<Shared>) {
+    let t0 = Instant::now();
+    let mut offset = 0u64;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let Ok(bytes) = std::fs::read(&path) else { continue };
+        if (bytes.len() as u64) <= offset {
+            continue;
+        }
+        let new = &bytes[offset as usize..];
+        let end = new.iter().rposition(|&b| b == b'\n').map(|p| p + 1).unwrap_or(0);
+        offset += end as u64;
+        if let Some(ev) = std::str::from_utf8(&new[..end]).ok().and_then(|s| s.lines().rev().find_map(mflow_progress::Event::parse)) {
+            sh.display.lock().unwrap().progress(&stage, &ev, t0.elapsed());
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Exit codes. This table is part of mflow's interface: scripts and CI depend on it, and
+//! docs/exit-codes.md documents it.
+
+use crate::record::{RunRecord, RunStatus, StageStatus};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitCode {
+    /// Everything succeeded (or was cached).
+    Success,
+    /// A stage failed in its own code (user or oom).
+    StageFailed,
+    /// The spec or the command line is invalid; nothing ran.
+    Invalid,
+    /// Infrastructure failures or timeouts outlasted their retries.
+    Infra,
+    /// A metric gate failed.
+    GateFailed,
+    /// `mflow reproduce` refused: an input no longer matches the lockfile.
+    Mismatch,
+    /// The run was cancelled (Ctrl-C, SIGTERM).
+    Cancelled,
+    /// A bug or an unexpected environment problem in mflow itself.
+    Internal,
+}
+
+impl ExitCode {
+    pub fn code(self) -> i32 {
+        match self {
+            ExitCode::Success => 0,
+            ExitCode::StageFailed => 1,
+            ExitCode::Invalid => 2,
+            ExitCode::Infra => 3,
+            ExitCode::GateFailed => 4,
+            ExitCode::Mismatch => 5,
+            ExitCode::Cancelled => 130,
+            ExitCode::Internal => 70,
+        }
+    }
+
+    pub const TABLE: &'static [(i32, &'static str)] = &[
+        (0, "success: every stage succeeded or was cached"),
+        (1, "a stage failed in its own code (user error or out of memory)"),
+        (2, "invalid spec or command line; nothing ran"),
+        (3, "infrastructure failures or timeouts exhausted their retries"),
+        (4, "an evaluation gate failed"),
+        (5, "reproduce refused: an input digest no longer matches the lockfile"),
+        (70, "internal error in mflow"),
+        (130, "cancelled (Ctrl-C or SIGTERM)"),
+    ];
+}
+
+/// The exit code of a finished run: the most telling failure wins.
+pub fn for_run(rec: &RunRecord) -> ExitCode {
+    if rec.status == RunStatus::Cancelled {
+        return ExitCode::Cancelled;
+    }
+    if rec.status == RunStatus::Succeeded {
+        return ExitCode::Success;
+    }
+    let classes: Vec<&str> = rec
+        .stages
+        .values()
+        .filter(|s| s.status == StageStatus::Failed)
+        .filter_map(|s| s.message.as_deref())
+        .map(|m| m.split(':').next().unwrap_or(""))
+        .collect();
+    if classes.iter().any(|c| *c == "user" || *c == "oom") {
+        ExitCode::StageFailed
+    } else if classes.iter().any(|c| *c == "infra" || *c == "timeout") {
+        ExitCode::Infra
+    } else if classes.iter().any(|c| *c == "gate") {
+        ExitCode::GateFailed
+    } else if classes.is_empty() {
+        ExitCode::Cancelled
+    } else {
+        ExitCode::StageFailed
+    }
+}

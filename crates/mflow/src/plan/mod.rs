@@ -1,0 +1,233 @@
+//! The plan: the spec's stages as a DAG in dependency order, each with the static parts of its
+//! cache key. Keys that depend on upstream outputs are completed as those outputs become known.
+
+pub mod inputs;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use miette::Diagnostic;
+use serde::Serialize;
+use serde_json::{json, Value as Json};
+use thiserror::Error;
+
+use crate::cache::key::KeyParts;
+use crate::cache::{Lookup, Store};
+use crate::env::Environment;
+use crate::spec::{Spec, StageSpec};
+use crate::stages::Kind;
+use inputs::{project_root, InputError, InputHasher};
+
+#[derive(Debug, Error, Diagnostic)]
+pub enum PlanError {
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Input(#[from] InputError),
+    #[error("stage `{stage}`: {message}")]
+    #[diagnostic(code(mflow::plan::invalid), help("{help}"))]
+    Invalid { stage: String, message: String, help: String },
+    #[error("unknown stage `{0}`")]
+    #[diagnostic(code(mflow::plan::unknown_stage), help("`mflow plan SPEC` lists the stages"))]
+    UnknownStage(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct PlannedStage {
+    pub spec: StageSpec,
+    /// Indices of upstream stages in `Plan::stages`.
+    pub deps: Vec<usize>,
+    /// Key parts without upstream digests.
+    pub parts: KeyParts,
+    /// Added by the planner (an automatic reshard), not written in the spec.
+    pub inserted: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub spec: Spec,
+    /// Dependency order.
+    pub stages: Vec<PlannedStage>,
+    pub root: PathBuf,
+}
+
+impl Plan {
+    pub fn index(&self, name: &str) -> Option<usize> {
+        self.stages.iter().position(|s| s.spec.name == name)
+    }
+
+    /// The full key parts of stage `i`, given the digests of its upstream outputs.
+    pub fn parts_with(&self, i: usize, digest_of: &dyn Fn(usize) -> Option<String>) -> Option<KeyParts> {
+        let s = &self.stages[i];
+        let mut parts = s.parts.clone();
+        for &d in &s.deps {
+            parts.upstream.insert(self.stages[d].spec.name.clone(), digest_of(d)?);
+        }
+        Some(parts)
+    }
+}
+
+pub fn build(spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
+    let root = project_root(&spec.dir);
+    let hasher = InputHasher::open(&spec.workdir());
+    let mut stage_specs = spec.stages.clone();
+    insert_reshards(&mut stage_specs);
+    let order = topo_order(&stage_specs);
+    let position: BTreeMap<String, usize> = order.iter().enumerate().map(|(pos, &i)| (stage_specs[i].name.clone(), pos)).collect();
+    let mut stages = Vec::new();
+    for &i in &order {
+        let st = &stage_specs[i];
+        let params = crate::stages::resolve_params(st, env).map_err(|(message, help)| PlanError::Invalid { stage: st.name.clone(), message, help })?;
+        let mut input_patterns = st.inputs.clone();
+        input_patterns.extend(crate::stages::external_inputs(st));
+        let inputs = hasher.digest(&st.name, &spec.dir, &root, &input_patterns)?;
+        let parts = KeyParts {
+            kind: st.kind.name().to_string(),
+            kind_version: st.kind.version(),
+            params,
+            upstream: BTreeMap::new(),
+            inputs,
+            workload: crate::stages::workload_digest(st.kind),
+            environment: if st.kind.uses_python() { env.python_digest() } else { String::new() },
+            salt: st.salt.clone(),
+        };
+        let deps = st.needs.iter().map(|n| position[n]).collect();
+        stages.push(PlannedStage { spec: st.clone(), deps, parts, inserted: st.description.as_deref() == Some(RESHARD_NOTE) });
+    }
+    hasher.save();
+    Ok(Plan { spec, stages, root })
+}
+
+const RESHARD_NOTE: &str = "inserted by mflow: reshard for evaluation";
+
+/// An `evaluate` stage whose `tp` differs from the shards it reads gets a reshard stage in
+/// between, so users never convert by hand.
+fn insert_reshards(stages: &mut Vec<StageSpec>) {
+    let mut added = Vec::new();
+    for st in stages.iter_mut().filter(|s| s.kind == Kind::Evaluate) {
+        let Some(model) = st.params.get("model").and_then(Json::as_str).map(str::to_string) else { continue };
+        let Ok(pieces) = crate::spec::pieces(&model) else { continue };
+        let [crate::spec::Piece::StageOutput(src)] = pieces.as_slice() else { continue };
+        let want = st.params.get("tp").and_then(Json::as_i64).unwrap_or(1);
+        added.push((st.name.clone(), src.clone(), want));
+    }
+    for (eval, src, want) in added {
+        let Some(up) = stages.iter().find(|s| s.name == src).cloned() else { continue };
+        let have = up.params.get("tp").and_then(Json::as_i64);
+        let have_pp = up.params.get("pp").and_then(Json::as_i64).unwrap_or(1);
+        if have.is_none() || (have == Some(want) && have_pp == 1) {
+            continue;
+        }
+        let name = format!("{eval}-reshard");
+        let mut params = serde_json::Map::new();
+        params.insert("model".into(), json!(format!("${{stages.{src}.output}}")));
+        params.insert("tp".into(), json!(want));
+        params.insert("pp".into(), json!(1));
+        params.insert("dtype".into(), json!("keep"));
+        let reshard = StageSpec {
+            name: name.clone(),
+            kind: Kind::Convert,
+            params,
+            needs: vec![src.clone()],
+            inputs: vec![],
+            retries: up.retries.clone(),
+            timeout: None,
+            resources: crate::spec::Resources { gpus: 0, cpus: 1.0, memory: None },
+            env: BTreeMap::new(),
+            cache: true,
+            salt: String::new(),
+            gates: BTreeMap::new(),
+            nodes: 1,
+            image: None,
+            description: Some(RESHARD_NOTE.into()),
+        };
+        let ev = stages.iter_mut().find(|s| s.name == eval).expect("exists");
+        ev.params.insert("model".into(), json!(format!("${{stages.{name}.output}}")));
+        ev.needs.push(name.clone());
+        ev.needs.sort();
+        ev.needs.dedup();
+        stages.push(reshard);
+    }
+}
+
+/// Kahn's algorithm, ties broken by file order, so plans read like the spec.
+fn topo_order(stages: &[StageSpec]) -> Vec<usize> {
+    let mut indeg: Vec<usize> = stages.iter().map(|s| s.needs.len()).collect();
+    let mut order = Vec::with_capacity(stages.len());
+    let mut done = vec![false; stages.len()];
+    while order.len() < stages.len() {
+        let Some(i) = (0..stages.len()).find(|&i| !done[i] && indeg[i] == 0) else { break };
+        done[i] = true;
+        order.push(i);
+        for (j, s) in stages.iter().enumerate() {
+            if s.needs.iter().any(|n| n == &stages[i].name) {
+                indeg[j] -= 1;
+            }
+        }
+    }
+    order
+}
+
+/// What `mflow run` would do with a stage, and why.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(tag = "action", rename_all = "lowercase")]
+pub enum Decision {
+    Cached { key: String },
+    Run { key: Option<String>, reason: String },
+    Resume { key: String, iteration: u64 },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StageDecision {
+    pub stage: String,
+    pub kind: String,
+    pub needs: Vec<String>,
+    #[serde(flatten)]
+    pub decision: Decision,
+}
+
+/// Decides every stage without running anything.
+pub fn decide(plan: &Plan, store: &Store, last: &BTreeMap<String, KeyParts>, force: &[String], verify: bool) -> Vec<StageDecision> {
+    let mut digests: Vec<Option<String>> = vec![None; plan.stages.len()];
+    let mut out = Vec::new();
+    for (i, s) in plan.stages.iter().enumerate() {
+        let name = &s.spec.name;
+        let decision = match plan.parts_with(i, &|d| digests[d].clone()) {
+            None => {
+                let up = s.deps.iter().find(|&&d| digests[d].is_none()).map(|&d| plan.stages[d].spec.name.clone()).unwrap_or_default();
+                Decision::Run { key: None, reason: format!("upstream `{up}` runs first") }
+            }
+            Some(parts) => {
+                let key = parts.key();
+                if force.iter().any(|f| f == name) {
+                    Decision::Run { key: Some(key), reason: "forced".into() }
+                } else if !s.spec.cache {
+                    Decision::Run { key: Some(key), reason: "cache = false".into() }
+                } else {
+                    match store.lookup(&key, verify) {
+                        Lookup::Hit(m) => {
+                            digests[i] = Some(m.digest);
+                            Decision::Cached { key }
+                        }
+                        Lookup::Corrupt(why) => Decision::Run { key: Some(key), reason: format!("cache entry was corrupt ({why})") },
+                        Lookup::Miss => match crate::exec::resume_point(&plan.spec.workdir(), &key) {
+                            Some(iteration) => Decision::Resume { key, iteration },
+                            None => Decision::Run { reason: reason(last.get(name), &parts), key: Some(key) },
+                        },
+                    }
+                }
+            }
+        };
+        out.push(StageDecision { stage: name.clone(), kind: s.spec.kind.name().into(), needs: s.spec.needs.clone(), decision });
+    }
+    out
+}
+
+fn reason(last: Option<&KeyParts>, now: &KeyParts) -> String {
+    match last {
+        None => "never ran".into(),
+        Some(old) => {
+            let d = now.diff(old);
+            if d.is_empty() { "no cache entry (removed or never committed)".into() } else { d.join("; ") }
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Spec diagnostics. Each one points at the offending place in the spec (or names the `--set`
+//! override it came from) and says what to do.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use miette::{Diagnostic, LabeledSpan, NamedSource, SourceSpan};
+use thiserror::Error;
+
+pub type Src = NamedSource<Arc<str>>;
+
+#[derive(Debug, Error, Diagnostic)]
+pub enum SpecError {
+    #[error("cannot read spec {}", path.display())]
+    #[diagnostic(code(mflow::spec::io), help("check that the file exists and is readable"))]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("invalid TOML: {message}")]
+    #[diagnostic(code(mflow::spec::syntax))]
+    Syntax {
+        #[source_code]
+        src: Src,
+        #[label("here")]
+        span: Option<SourceSpan>,
+        message: String,
+    },
+
+    #[error("unknown key `{key}` in {table}")]
+    #[diagnostic(code(mflow::spec::unknown_key), help("{help}"))]
+    UnknownKey {
+        #[source_code]
+        src: Src,
+        #[label("not a key of {table}")]
+        span: Option<SourceSpan>,
+        key: String,
+        table: String,
+        help: String,
+    },
+
+    #[error("`{key}` must be {expected}, found {found}")]
+    #[diagnostic(code(mflow::spec::wrong_type), help("{help}"))]
+    WrongType {
+        #[source_code]
+        src: Src,
+        #[label("expected {expected}")]
+        span: Option<SourceSpan>,
+        key: String,
+        expected: String,
+        found: String,
+        help: String,
+    },
+
+    #[error("missing required key `{key}` in {table}")]
+    #[diagnostic(code(mflow::spec::missing_key), help("{help}"))]
+    MissingKey {
+        #[source_code]
+        src: Src,
+        #[label("{table} is defined here")]
+        span: Option<SourceSpan>,
+        key: String,
+        table: String,
+        help: String,
+    },
+
+    #[error("invalid value for `{key}`: {reason}")]
+    #[diagnostic(code(mflow::spec::invalid_value), help("{help}"))]
+    InvalidValue {
+        #[source_code]
+        src: Src,
+        #[label("{reason}")]
+        span: Option<SourceSpan>,
+        key: String,
+        reason: String,
+        help: String,
+    },
+
+    #[error("unknown stage kind `{kind}`")]
+    #[diagnostic(code(mflow::spec::unknown_kind), help("{help}"))]
+    UnknownKind {
+        #[source_code]
+        src: Src,
+        #[label("no such kind")]
+        span: Option<SourceSpan>,
+        kind: String,
+        help: String,
+    },
+
+    #[error("stage `{stage}` refers to unknown stage `{name}`")]
+    #[diagnostic(code(mflow::spec::unknown_stage), help("{help}"))]
+    UnknownStage {
+        #[source_code]
+        src: Src,
+        #[label("no stage named `{name}`")]
+        span: Option<SourceSpan>,
+        stage: String,
+        name: String,
+        help: String,
+    },
+
+    #[error("unknown variable `{name}`")]
+    #[diagnostic(code(mflow::spec::unknown_var), help("{help}"))]
+    UnknownVar {
+        #[source_code]
+        src: Src,
+        #[label("`${{vars.{name}}}` is not defined in [vars]")]
+        span: Option<SourceSpan>,
+        name: String,
+        help: String,
+    },
+
+    #[error("malformed interpolation `{text}`")]
+    #[diagnostic(
+        code(mflow::spec::interpolation),
+        help("use `${{vars.NAME}}` or `${{stages.STAGE.output}}`; write `$${{` for a literal `${{`")
+    )]
+    Interpolation {
+        #[source_code]
+        src: Src,
+        #[label("cannot interpolate this")]
+        span: Option<SourceSpan>,
+        text: String,
+    },
+
+    #[error("the stages form a cycle: {cycle}")]
+    #[diagnostic(code(mflow::spec::cycle), help("a stage cannot depend on itself, directly or through others: remove one of these edges"))]
+    Cycle {
+        #[source_code]
+        src: Src,
+        cycle: String,
+        #[label(collection, "edge of the cycle")]
+        edges: Vec<LabeledSpan>,
+    },
+
+    #[error("invalid stage name `{name}`")]
+    #[diagnostic(code(mflow::spec::stage_name), help("stage names use letters, digits, `-` and `_`, and start with a letter"))]
+    StageName {
+        #[source_code]
+        src: Src,
+        #[label("invalid name")]
+        span: Option<SourceSpan>,
+        name: String,
+    },
+
+    #[error("the spec defines no stages")]
+    #[diagnostic(code(mflow::spec::no_stages), help("add at least one `[stages.NAME]` table with a `kind`"))]
+    NoStages {
+        #[source_code]
+        src: Src,
+    },
+
+    #[error("invalid override `{arg}`: {reason}")]
+    #[diagnostic(code(mflow::spec::set), help("write `--set vars.NAME=VALUE` or `--set stages.STAGE.KEY=VALUE`"))]
+    Override { arg: String, reason: String },
+}
+
+/// Every problem found in one spec, reported together.
+#[derive(Debug, Error, Diagnostic)]
+#[error("{} in {}", count(self.errors.len()), self.path)]
+#[diagnostic(code(mflow::spec::invalid))]
+pub struct SpecErrors {
+    pub path: String,
+    #[related]
+    pub errors: Vec<SpecError>,
+}
+
+fn count(n: usize) -> String {
+    if n == 1 { "1 problem".into() } else { format!("{n} problems") }
+}
+
+pub fn to_span(r: Option<std::ops::Range<usize>>) -> Option<SourceSpan> {
+    r.map(|r| SourceSpan::from(r.start..r.end))
+}
+
+/// "did you mean" help from a set of candidates.
+pub fn suggest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|c| (strsim::jaro_winkler(word, c), c))
+        .filter(|(score, _)| *score > 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, c)| c)
+}
+
+pub fn did_you_mean<'a>(word: &str, candidates: &[&'a str], what: &str) -> String {
+    match suggest(word, candidates.iter().copied()) {
+        Some(s) => format!("did you mean `{s}`?"),
+        None if candidates.is_empty() => format!("there are no {what}"),
+        None => format!("valid {what}: {}", candidates.join(", ")),
+    }
+}

@@ -1,0 +1,112 @@
+//! `${vars.NAME}` and `${stages.NAME.output}` references inside string values.
+
+/// One piece of an interpolated string.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    Text(String),
+    Var(String),
+    StageOutput(String),
+}
+
+/// Splits `s` into pieces. `$${` is a literal `${`. Returns the malformed reference on error.
+pub fn pieces(s: &str) -> Result<Vec<Piece>, String> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        text.push_str(&rest[..i]);
+        let after = &rest[i..];
+        if after.starts_with("$${") {
+            text.push_str("${");
+            rest = &after[3..];
+        } else if after.starts_with("${") {
+            let end = after.find('}').ok_or_else(|| after.to_string())?;
+            let inner = &after[2..end];
+            let piece = parse_ref(inner).ok_or_else(|| after[..=end].to_string())?;
+            if !text.is_empty() {
+                out.push(Piece::Text(std::mem::take(&mut text)));
+            }
+            out.push(piece);
+            rest = &after[end + 1..];
+        } else {
+            text.push('$');
+            rest = &after[1..];
+        }
+    }
+    text.push_str(rest);
+    if !text.is_empty() {
+        out.push(Piece::Text(text));
+    }
+    Ok(out)
+}
+
+fn parse_ref(inner: &str) -> Option<Piece> {
+    let parts: Vec<&str> = inner.split('.').collect();
+    let ident = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    match parts.as_slice() {
+        ["vars", name] if ident(name) => Some(Piece::Var(name.to_string())),
+        ["stages", name, "output"] if ident(name) => Some(Piece::StageOutput(name.to_string())),
+        _ => None,
+    }
+}
+
+/// Stage names referenced by `${stages.X.output}` anywhere in a JSON value.
+pub fn stage_refs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::String(s) => {
+            if let Ok(ps) = pieces(s) {
+                for p in ps {
+                    if let Piece::StageOutput(n) = p {
+                        out.push(n);
+                    }
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| stage_refs(x, out)),
+        serde_json::Value::Object(m) => m.values().for_each(|x| stage_refs(x, out)),
+        _ => {}
+    }
+}
+
+/// Replaces `${stages.X.output}` with `resolve(X)` in every string of a JSON value.
+pub fn substitute_outputs(v: &serde_json::Value, resolve: &dyn Fn(&str) -> String) -> serde_json::Value {
+    use serde_json::Value as J;
+    match v {
+        J::String(s) => match pieces(s) {
+            Ok(ps) => J::String(
+                ps.into_iter()
+                    .map(|p| match p {
+                        Piece::Text(t) => t,
+                        Piece::StageOutput(n) => resolve(&n),
+                        Piece::Var(n) => format!("${{vars.{n}}}"),
+                    })
+                    .collect(),
+            ),
+            Err(_) => v.clone(),
+        },
+        J::Array(a) => J::Array(a.iter().map(|x| substitute_outputs(x, resolve)).collect()),
+        J::Object(m) => J::Object(m.iter().map(|(k, x)| (k.clone(), substitute_outputs(x, resolve))).collect()),
+        _ => v.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_references_and_escapes() {
+        assert_eq!(
+            pieces("a ${vars.x} $${b} ${stages.m.output}/c $d").unwrap(),
+            vec![
+                Piece::Text("a ".into()),
+                Piece::Var("x".into()),
+                Piece::Text(" ${b} ".into()),
+                Piece::StageOutput("m".into()),
+                Piece::Text("/c $d".into()),
+            ]
+        );
+        assert!(pieces("${stages.m}").is_err());
+        assert!(pieces("${vars.x").is_err());
+    }
+}

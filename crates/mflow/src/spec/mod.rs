@@ -1,0 +1,544 @@
+//! The spec: TOML text -> validated, interpolated [`Spec`]. Every problem becomes a
+//! [`SpecError`] pointing at its place in the file.
+
+pub mod error;
+mod interp;
+pub mod schema;
+pub mod tree;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use miette::{LabeledSpan, NamedSource};
+use serde_json::{Map, Value as Json};
+
+pub use error::{SpecError, SpecErrors, Src};
+pub use interp::{pieces, stage_refs, substitute_outputs, Piece};
+use error::{did_you_mean, to_span};
+use schema::{check_table, invalid};
+use tree::{Node, Origin, Val};
+
+use crate::exec::retry::{FailureClass, RetryPolicy};
+use crate::stages::{fields, Kind};
+
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub path: PathBuf,
+    /// The spec's directory: relative paths in the spec start here.
+    pub dir: PathBuf,
+    pub source: Arc<str>,
+    pub pipeline: Pipeline,
+    pub vars: Map<String, Json>,
+    pub python: Option<String>,
+    pub schedule: Option<Map<String, Json>>,
+    pub notify: Option<Map<String, Json>>,
+    /// In file order.
+    pub stages: Vec<StageSpec>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    pub name: String,
+    pub description: Option<String>,
+    pub workdir: PathBuf,
+    pub backend: String,
+    pub jobs: Option<usize>,
+    pub kubernetes: Map<String, Json>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Resources {
+    pub gpus: u32,
+    pub cpus: f64,
+    pub memory: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StageSpec {
+    pub name: String,
+    pub kind: Kind,
+    /// Kind-specific parameters with defaults filled in; `${stages.X.output}` left in place.
+    pub params: Map<String, Json>,
+    /// Explicit and implicit dependencies, sorted.
+    pub needs: Vec<String>,
+    pub inputs: Vec<String>,
+    pub retries: RetryPolicy,
+    pub timeout: Option<Duration>,
+    pub resources: Resources,
+    pub env: BTreeMap<String, String>,
+    pub cache: bool,
+    pub salt: String,
+    pub gates: BTreeMap<String, String>,
+    pub nodes: u32,
+    pub image: Option<String>,
+    pub description: Option<String>,
+}
+
+impl Spec {
+    pub fn stage(&self, name: &str) -> Option<&StageSpec> {
+        self.stages.iter().find(|s| s.name == name)
+    }
+
+    pub fn src(&self) -> Src {
+        NamedSource::new(self.path.display().to_string(), self.source.clone())
+    }
+
+    pub fn workdir(&self) -> PathBuf {
+        self.pipeline.workdir.clone()
+    }
+}
+
+const TOP: &[&str] = &["pipeline", "vars", "env", "stages", "schedule", "notify"];
+
+/// Reads and validates a spec. `overrides` are `--set key=value` arguments.
+pub fn load(path: &Path, overrides: &[String]) -> Result<Spec, SpecErrors> {
+    let text = std::fs::read_to_string(path).map_err(|source| SpecErrors {
+        path: path.display().to_string(),
+        errors: vec![SpecError::Io { path: path.to_path_buf(), source }],
+    })?;
+    parse(path, &text, overrides)
+}
+
+pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, SpecErrors> {
+    let source: Arc<str> = Arc::from(text);
+    let src: Src = NamedSource::new(path.display().to_string(), source.clone());
+    let fail = |errors: Vec<SpecError>| SpecErrors { path: path.display().to_string(), errors };
+
+    let mut root = tree::parse(text).map_err(|e| {
+        fail(vec![SpecError::Syntax { src: src.clone(), span: to_span(e.span()), message: e.message().trim().to_string() }])
+    })?;
+    let mut errors = Vec::new();
+    for arg in overrides {
+        if let Err(e) = apply_override(&mut root, arg) {
+            errors.push(e);
+        }
+    }
+    if !errors.is_empty() {
+        return Err(fail(errors));
+    }
+    for (key, _) in root.as_table().into_iter().flatten() {
+        if !TOP.contains(&key.name.as_str()) {
+            errors.push(SpecError::UnknownKey {
+                src: src.clone(),
+                span: to_span(key.origin.span()),
+                key: key.name.clone(),
+                table: "the spec".into(),
+                help: did_you_mean(&key.name, TOP, "sections"),
+            });
+        }
+    }
+
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let dir = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir };
+    let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+
+    // [vars]
+    let mut var_nodes: BTreeMap<String, Node> = BTreeMap::new();
+    if let Some(vars) = root.get("vars") {
+        match vars.as_table() {
+            Some(t) => {
+                for (k, v) in t {
+                    var_nodes.insert(k.name.clone(), v.clone());
+                }
+            }
+            None => errors.push(invalid(&src, vars, "vars", "must be a table", "write `[vars]` followed by `name = value` lines")),
+        }
+    }
+
+    // [pipeline]
+    let empty = Node { origin: Origin::File(0..0), value: Val::Table(Vec::new()) };
+    let pipeline_node = match root.get("pipeline") {
+        Some(n) => n.clone(),
+        None => {
+            errors.push(SpecError::MissingKey {
+                src: src.clone(),
+                span: to_span(Some(0..0)),
+                key: "pipeline".into(),
+                table: "the spec".into(),
+                help: "add a `[pipeline]` table with at least `name = \"...\"`".into(),
+            });
+            empty.clone()
+        }
+    };
+    let p = check_table(&src, &pipeline_node, fields::PIPELINE, "[pipeline]", &mut errors);
+    let default_retries = p.get("retries").map(retry_policy).unwrap_or_default();
+    let default_timeout = p.get("timeout").and_then(duration);
+    let pipeline = Pipeline {
+        name: str_of(&p, "name").unwrap_or_default(),
+        description: str_of(&p, "description"),
+        workdir: dir.join(str_of(&p, "workdir").unwrap_or_else(|| ".mflow".into())),
+        backend: str_of(&p, "backend").unwrap_or_else(|| "local".into()),
+        jobs: p.get("jobs").and_then(Json::as_u64).map(|n| n.max(1) as usize),
+        kubernetes: p.get("kubernetes").and_then(Json::as_object).cloned().unwrap_or_default(),
+    };
+    if let Some(name_node) = pipeline_node.get("name") {
+        if let Val::Str(n) = &name_node.value {
+            if !valid_name(n) {
+                errors.push(invalid(&src, name_node, "pipeline.name", "not a valid name", "use letters, digits, `-` and `_`, starting with a letter"));
+            }
+        }
+    }
+
+    let python = match root.get("env") {
+        Some(n) => str_of(&check_table(&src, n, fields::ENV, "[env]", &mut errors), "python"),
+        None => None,
+    };
+    let schedule = root.get("schedule").map(|n| check_table(&src, n, fields::SCHEDULE, "[schedule]", &mut errors));
+    let notify = root.get("notify").map(|n| check_table(&src, n, fields::NOTIFY, "[notify]", &mut errors));
+
+    // [stages.*]
+    let stages_node = root.get("stages").cloned();
+    let stage_entries: Vec<(tree::Key, Node)> = match &stages_node {
+        Some(n) => match &n.value {
+            Val::Table(t) => t.clone(),
+            _ => {
+                errors.push(invalid(&src, n, "stages", "must be a table", "write one `[stages.NAME]` table per stage"));
+                Vec::new()
+            }
+        },
+        None => Vec::new(),
+    };
+    if stage_entries.is_empty() && errors.is_empty() {
+        errors.push(SpecError::NoStages { src: src.clone() });
+    }
+    let names: Vec<String> = stage_entries.iter().map(|(k, _)| k.name.clone()).collect();
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+
+    let mut stages = Vec::new();
+    // (from, to, span) for cycle reports
+    let mut edges: Vec<(String, String, Option<std::ops::Range<usize>>)> = Vec::new();
+    for (key, node) in &stage_entries {
+        if !valid_name(&key.name) {
+            errors.push(SpecError::StageName { src: src.clone(), span: to_span(key.origin.span()), name: key.name.clone() });
+            continue;
+        }
+        let mut node = node.clone();
+        interpolate_vars(&src, &mut node, &var_nodes, &mut errors);
+        collect_stage_refs(&src, &key.name, &node, &name_refs, &mut edges, &mut errors);
+        let table = format!("[stages.{}]", key.name);
+        let kind = match node.get("kind") {
+            Some(Node { value: Val::Str(k), .. }) => match Kind::parse(k) {
+                Some(kind) => Some(kind),
+                None => {
+                    errors.push(SpecError::UnknownKind {
+                        src: src.clone(),
+                        span: to_span(node.get("kind").and_then(Node::span)),
+                        kind: k.clone(),
+                        help: did_you_mean(k, Kind::NAMES, "kinds"),
+                    });
+                    None
+                }
+            },
+            _ => None,
+        };
+        let mut all_fields: Vec<schema::Field> = fields::COMMON.to_vec();
+        if let Some(kind) = kind {
+            all_fields.extend_from_slice(kind.fields());
+        }
+        let mut values = check_table(&src, &node, &all_fields, &table, &mut errors);
+        // needs: must name stages
+        if let Some(Node { value: Val::Array(items), .. }) = node.get("needs") {
+            for item in items {
+                if let Val::Str(n) = &item.value {
+                    if !names.contains(n) {
+                        errors.push(SpecError::UnknownStage {
+                            src: src.clone(),
+                            span: to_span(item.span()),
+                            stage: key.name.clone(),
+                            name: n.clone(),
+                            help: did_you_mean(n, &name_refs, "stages"),
+                        });
+                    } else {
+                        edges.push((key.name.clone(), n.clone(), item.span()));
+                    }
+                }
+            }
+        }
+        let Some(kind) = kind else { continue };
+        if let Some(Json::Object(g)) = values.get("gates") {
+            for (metric, cond) in g {
+                if let Err(reason) = crate::exec::gates::Condition::parse(cond.as_str().unwrap_or("")) {
+                    let gnode = node.get("gates").and_then(|t| t.get(metric)).unwrap_or(&node);
+                    errors.push(invalid(&src, gnode, &format!("gates.{metric}"), reason, "write a comparison such as \"< 40\" or \">= 0.5\""));
+                }
+            }
+        }
+        if let Some(Json::Object(r)) = values.get("retries") {
+            if let Some(Json::Array(on)) = r.get("on") {
+                for c in on {
+                    let c = c.as_str().unwrap_or("");
+                    if !FailureClass::RETRYABLE.contains(&c) {
+                        let rnode = node.get("retries").and_then(|t| t.get("on")).unwrap_or(&node);
+                        errors.push(invalid(&src, rnode, "retries.on", format!("`{c}` is not a retryable failure class"), did_you_mean(c, FailureClass::RETRYABLE, "classes")));
+                    }
+                }
+            }
+        }
+        kind.check(&src, &node, &values, &name_refs, &mut errors);
+
+        let mut needs: BTreeSet<String> = BTreeSet::new();
+        for (from, to, _) in &edges {
+            if from == &key.name {
+                needs.insert(to.clone());
+            }
+        }
+        let retries = values.get("retries").map(retry_policy).unwrap_or_else(|| default_retries.clone());
+        let timeout = values.get("timeout").and_then(duration).or(default_timeout);
+        let resources = values.get("resources").map(resources_of).unwrap_or(Resources { gpus: 0, cpus: 1.0, memory: None });
+        let common: Vec<&str> = fields::COMMON.iter().map(|f| f.name).collect();
+        let take_map = |v: Option<&Json>| -> BTreeMap<String, String> {
+            v.and_then(Json::as_object)
+                .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect())
+                .unwrap_or_default()
+        };
+        let stage = StageSpec {
+            name: key.name.clone(),
+            kind,
+            inputs: strs(values.get("inputs")),
+            needs: needs.into_iter().collect(),
+            retries,
+            timeout,
+            resources,
+            env: take_map(values.get("env")),
+            cache: values.get("cache").and_then(Json::as_bool).unwrap_or(true),
+            salt: str_of(&values, "salt").unwrap_or_default(),
+            gates: take_map(values.get("gates")),
+            nodes: values.get("nodes").and_then(Json::as_u64).unwrap_or(1) as u32,
+            image: str_of(&values, "image"),
+            description: str_of(&values, "description"),
+            params: {
+                values.retain(|k, _| !common.contains(&k.as_str()));
+                values
+            },
+        };
+        stages.push(stage);
+    }
+    if errors.is_empty() {
+        if let Some(cycle) = find_cycle(&names, &edges) {
+            let labels = cycle
+                .windows(2)
+                .filter_map(|w| {
+                    edges
+                        .iter()
+                        .find(|(f, t, _)| f == &w[0] && t == &w[1])
+                        .and_then(|(f, t, s)| s.clone().map(|s| LabeledSpan::new(Some(format!("`{f}` needs `{t}`")), s.start, s.end - s.start)))
+                })
+                .collect();
+            errors.push(SpecError::Cycle { src: src.clone(), cycle: cycle.join(" -> "), edges: labels });
+        }
+    }
+    if !errors.is_empty() {
+        return Err(fail(errors));
+    }
+    let vars = var_nodes.iter().map(|(k, n)| (k.clone(), n.value.to_json())).collect();
+    Ok(Spec { path: path.to_path_buf(), dir, source, pipeline, vars, python, schedule, notify, stages })
+}
+
+fn apply_override(root: &mut Node, arg: &str) -> Result<(), SpecError> {
+    let bad = |reason: &str| SpecError::Override { arg: arg.to_string(), reason: reason.to_string() };
+    let (key, value) = arg.split_once('=').ok_or_else(|| bad("expected KEY=VALUE"))?;
+    let path: Vec<&str> = key.trim().split('.').collect();
+    match path.as_slice() {
+        ["vars", _] | ["pipeline", ..] => {}
+        ["stages", stage, _, ..] => {
+            if root.get("stages").and_then(|s| s.get(stage)).is_none() {
+                return Err(bad(&format!("there is no stage `{stage}`")));
+            }
+        }
+        _ => return Err(bad("the key must start with `vars.`, `stages.STAGE.` or `pipeline.`")),
+    }
+    if path.iter().any(|p| p.is_empty()) {
+        return Err(bad("empty key segment"));
+    }
+    let node = tree::parse_override(value.trim(), arg);
+    root.set_path(&path, node).map_err(|e| bad(&e))
+}
+
+/// Replaces `${vars.X}` in every string of a stage table. A string that is exactly one
+/// reference takes the variable's type; otherwise the variable is formatted into the text.
+fn interpolate_vars(src: &Src, node: &mut Node, vars: &BTreeMap<String, Node>, errors: &mut Vec<SpecError>) {
+    match &mut node.value {
+        Val::Str(s) => {
+            let ps = match pieces(s) {
+                Ok(ps) => ps,
+                Err(text) => {
+                    errors.push(SpecError::Interpolation { src: src.clone(), span: to_span(node.origin.span()), text });
+                    return;
+                }
+            };
+            if !ps.iter().any(|p| matches!(p, Piece::Var(_))) {
+                return;
+            }
+            let lookup = |name: &str, errors: &mut Vec<SpecError>| -> Option<Node> {
+                let found = vars.get(name).cloned();
+                if found.is_none() {
+                    let names: Vec<&str> = vars.keys().map(String::as_str).collect();
+                    errors.push(SpecError::UnknownVar {
+                        src: src.clone(),
+                        span: to_span(node.origin.span()),
+                        name: name.to_string(),
+                        help: did_you_mean(name, &names, "variables"),
+                    });
+                }
+                found
+            };
+            if let [Piece::Var(name)] = ps.as_slice() {
+                if let Some(v) = lookup(name, errors) {
+                    node.value = v.value;
+                }
+                return;
+            }
+            let mut out = String::new();
+            for p in ps {
+                match p {
+                    Piece::Text(t) => out.push_str(&t),
+                    Piece::StageOutput(n) => out.push_str(&format!("${{stages.{n}.output}}")),
+                    Piece::Var(name) => match lookup(&name, errors).map(|n| n.value) {
+                        Some(Val::Str(s)) => out.push_str(&s),
+                        Some(v @ (Val::Int(_) | Val::Float(_) | Val::Bool(_))) => out.push_str(&v.to_json().to_string()),
+                        Some(_) => errors.push(invalid(src, node, &format!("vars.{name}"), "only scalars can be formatted into text", "use the variable as the whole value")),
+                        None => {}
+                    },
+                }
+            }
+            node.value = Val::Str(out);
+        }
+        Val::Array(items) => items.iter_mut().for_each(|n| interpolate_vars(src, n, vars, errors)),
+        Val::Table(t) => t.iter_mut().for_each(|(_, n)| interpolate_vars(src, n, vars, errors)),
+        _ => {}
+    }
+}
+
+fn collect_stage_refs(
+    src: &Src,
+    stage: &str,
+    node: &Node,
+    names: &[&str],
+    edges: &mut Vec<(String, String, Option<std::ops::Range<usize>>)>,
+    errors: &mut Vec<SpecError>,
+) {
+    match &node.value {
+        Val::Str(s) => {
+            for p in pieces(s).unwrap_or_default() {
+                if let Piece::StageOutput(n) = p {
+                    if names.contains(&n.as_str()) {
+                        edges.push((stage.to_string(), n, node.span()));
+                    } else {
+                        errors.push(SpecError::UnknownStage {
+                            src: src.clone(),
+                            span: to_span(node.span()),
+                            stage: stage.to_string(),
+                            help: did_you_mean(&n, names, "stages"),
+                            name: n,
+                        });
+                    }
+                }
+            }
+        }
+        Val::Array(a) => a.iter().for_each(|n| collect_stage_refs(src, stage, n, names, edges, errors)),
+        Val::Table(t) => t.iter().for_each(|(_, n)| collect_stage_refs(src, stage, n, names, edges, errors)),
+        _ => {}
+    }
+}
+
+/// A cycle as a list of names where the first equals the last, if any.
+fn find_cycle(names: &[String], edges: &[(String, String, Option<std::ops::Range<usize>>)]) -> Option<Vec<String>> {
+    use petgraph::graph::DiGraph;
+    let mut g = DiGraph::<&str, ()>::new();
+    let idx: BTreeMap<&str, _> = names.iter().map(|n| (n.as_str(), g.add_node(n.as_str()))).collect();
+    for (from, to, _) in edges {
+        g.update_edge(idx[from.as_str()], idx[to.as_str()], ());
+    }
+    for scc in petgraph::algo::tarjan_scc(&g) {
+        let self_loop = scc.len() == 1 && g.contains_edge(scc[0], scc[0]);
+        if scc.len() < 2 && !self_loop {
+            continue;
+        }
+        // Walk inside the component until a node repeats.
+        let members: BTreeSet<_> = scc.iter().copied().collect();
+        let start = *scc.iter().min_by_key(|n| g[**n]).unwrap();
+        let mut path = vec![start];
+        let mut cur = start;
+        loop {
+            let next = g.neighbors(cur).filter(|n| members.contains(n)).min_by_key(|n| g[*n]).unwrap();
+            if let Some(pos) = path.iter().position(|n| *n == next) {
+                let mut cycle: Vec<String> = path[pos..].iter().map(|n| g[*n].to_string()).collect();
+                cycle.push(g[next].to_string());
+                return Some(cycle);
+            }
+            path.push(next);
+            cur = next;
+        }
+    }
+    None
+}
+
+pub fn valid_name(n: &str) -> bool {
+    let mut chars = n.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && n.len() <= 63
+}
+
+fn str_of(m: &Map<String, Json>, k: &str) -> Option<String> {
+    m.get(k).and_then(Json::as_str).map(str::to_string)
+}
+
+fn strs(v: Option<&Json>) -> Vec<String> {
+    v.and_then(Json::as_array).map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect()).unwrap_or_default()
+}
+
+fn duration(v: &Json) -> Option<Duration> {
+    humantime::parse_duration(v.as_str()?).ok()
+}
+
+fn retry_policy(v: &Json) -> RetryPolicy {
+    let d = RetryPolicy::default();
+    RetryPolicy {
+        max: v.get("max").and_then(Json::as_u64).map(|n| n as u32).unwrap_or(d.max),
+        backoff: v.get("backoff").and_then(duration).unwrap_or(d.backoff),
+        max_backoff: v.get("max_backoff").and_then(duration).unwrap_or(d.max_backoff),
+        on: v.get("on").and_then(Json::as_array).map(|a| a.iter().filter_map(|c| FailureClass::parse(c.as_str()?)).collect()).unwrap_or(d.on),
+    }
+}
+
+fn resources_of(v: &Json) -> Resources {
+    Resources {
+        gpus: v.get("gpus").and_then(Json::as_u64).unwrap_or(0) as u32,
+        cpus: v.get("cpus").and_then(Json::as_f64).unwrap_or(1.0),
+        memory: v.get("memory").and_then(Json::as_str).map(str::to_string),
+    }
+}
+
+/// JSON Schema of the whole spec, for editors (taplo / Even Better TOML).
+pub fn json_schema() -> Json {
+    use serde_json::json;
+    let stage_variants: Vec<Json> = Kind::ALL
+        .iter()
+        .map(|k| {
+            let mut f = fields::COMMON.to_vec();
+            f.extend_from_slice(k.fields());
+            let mut s = schema::json_schema(&f);
+            s["properties"]["kind"] = json!({"const": k.name(), "description": k.doc()});
+            s["title"] = json!(format!("{} stage", k.name()));
+            s
+        })
+        .collect();
+    json!({
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "mflow spec",
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["pipeline", "stages"],
+        "properties": {
+            "pipeline": schema::json_schema(fields::PIPELINE),
+            "vars": {"type": "object", "description": "typed values, used as ${vars.NAME}"},
+            "env": schema::json_schema(fields::ENV),
+            "schedule": schema::json_schema(fields::SCHEDULE),
+            "notify": schema::json_schema(fields::NOTIFY),
+            "stages": {"type": "object", "additionalProperties": {"oneOf": stage_variants}},
+        }
+    })
+}

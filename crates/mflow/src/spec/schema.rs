@@ -1,0 +1,240 @@
+//! Declarative field tables. One table per section and stage kind drives three things: validation
+//! (unknown keys, types, required keys, defaults), the JSON Schema printed by `mflow schema`, and the
+//! key reference in docs/spec.md. Adding a parameter means adding one line here.
+
+use serde_json::{json, Map, Value as Json};
+
+use super::error::{did_you_mean, to_span, Src, SpecError};
+use super::tree::{Node, Val};
+
+#[derive(Debug, Clone, Copy)]
+pub enum Ty {
+    Str,
+    Int,
+    /// An integer is accepted too.
+    Float,
+    Bool,
+    StrList,
+    /// A list of strings or numbers (free form, e.g. split ratios).
+    List,
+    /// "5s", "10m", "1h30m"
+    Duration,
+    Enum(&'static [&'static str]),
+    /// A table of string values (env vars, gates).
+    StrMap,
+    /// A nested table with its own fields.
+    Table(&'static [Field]),
+    /// A string, or an integer.
+    StrOrInt,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Field {
+    pub name: &'static str,
+    pub ty: Ty,
+    pub required: bool,
+    /// The default as JSON text; `None` means "absent unless given".
+    pub default: Option<&'static str>,
+    pub doc: &'static str,
+}
+
+pub const fn req(name: &'static str, ty: Ty, doc: &'static str) -> Field {
+    Field { name, ty, required: true, default: None, doc }
+}
+
+pub const fn opt(name: &'static str, ty: Ty, doc: &'static str) -> Field {
+    Field { name, ty, required: false, default: None, doc }
+}
+
+pub const fn def(name: &'static str, ty: Ty, default: &'static str, doc: &'static str) -> Field {
+    Field { name, ty, required: false, default: Some(default), doc }
+}
+
+/// Checks `node` (a table) against `fields` and returns the typed values with defaults filled
+/// in. Problems go to `errors`; the returned map then holds what could be read.
+pub fn check_table(
+    src: &Src,
+    node: &Node,
+    fields: &[Field],
+    table: &str,
+    errors: &mut Vec<SpecError>,
+) -> Map<String, Json> {
+    let mut out = Map::new();
+    let Some(entries) = node.as_table() else {
+        errors.push(wrong_type(src, node, table, "a table"));
+        return out;
+    };
+    let names: Vec<&str> = fields.iter().map(|f| f.name).collect();
+    for (key, value) in entries {
+        match fields.iter().find(|f| f.name == key.name) {
+            None => errors.push(SpecError::UnknownKey {
+                src: src.clone(),
+                span: to_span(key.origin.span()),
+                key: key.name.clone(),
+                table: table.to_string(),
+                help: did_you_mean(&key.name, &names, "keys"),
+            }),
+            Some(field) => {
+                if let Some(v) = check_value(src, value, field, &format!("{table}.{}", key.name), errors) {
+                    out.insert(field.name.to_string(), v);
+                }
+            }
+        }
+    }
+    for field in fields {
+        if out.contains_key(field.name) {
+            continue;
+        }
+        if field.required && !entries.iter().any(|(k, _)| k.name == field.name) {
+            errors.push(SpecError::MissingKey {
+                src: src.clone(),
+                span: to_span(node.span().map(|r| r.start..r.start.max(r.end.min(r.start + 1)))),
+                key: field.name.to_string(),
+                table: table.to_string(),
+                help: format!("add `{} = ...`: {}", field.name, field.doc),
+            });
+        } else if let Some(d) = field.default {
+            out.insert(field.name.to_string(), serde_json::from_str(d).expect("valid default"));
+        }
+    }
+    out
+}
+
+fn wrong_type(src: &Src, node: &Node, key: &str, expected: &str) -> SpecError {
+    SpecError::WrongType {
+        src: src.clone(),
+        span: to_span(node.span()),
+        key: key.to_string(),
+        expected: expected.to_string(),
+        found: node.value.type_name().to_string(),
+        help: match &node.origin {
+            super::tree::Origin::Override(arg) => format!("from `--set {arg}`"),
+            _ => format!("write `{}` as {expected}", key.rsplit('.').next().unwrap_or(key)),
+        },
+    }
+}
+
+pub fn invalid(src: &Src, node: &Node, key: &str, reason: impl Into<String>, help: impl Into<String>) -> SpecError {
+    SpecError::InvalidValue {
+        src: src.clone(),
+        span: to_span(node.span()),
+        key: key.to_string(),
+        reason: reason.into(),
+        help: help.into(),
+    }
+}
+
+fn check_value(src: &Src, node: &Node, field: &Field, key: &str, errors: &mut Vec<SpecError>) -> Option<Json> {
+    let v = &node.value;
+    let ok = match (field.ty, v) {
+        (Ty::Str, Val::Str(s)) => Some(Json::String(s.clone())),
+        (Ty::Int, Val::Int(i)) => Some(Json::from(*i)),
+        (Ty::Float, Val::Int(i)) => Some(Json::from(*i as f64)),
+        (Ty::Float, Val::Float(_)) => Some(v.to_json()),
+        (Ty::Bool, Val::Bool(b)) => Some(Json::Bool(*b)),
+        (Ty::StrOrInt, Val::Str(_) | Val::Int(_)) => Some(v.to_json()),
+        (Ty::StrList, Val::Array(items)) => {
+            let mut list = Vec::new();
+            for item in items {
+                match &item.value {
+                    Val::Str(s) => list.push(Json::String(s.clone())),
+                    _ => {
+                        errors.push(wrong_type(src, item, &format!("{key}[]"), "a string"));
+                        return None;
+                    }
+                }
+            }
+            Some(Json::Array(list))
+        }
+        (Ty::List, Val::Array(_)) => Some(v.to_json()),
+        (Ty::Duration, Val::Str(s)) => match humantime::parse_duration(s) {
+            Ok(_) => Some(Json::String(s.clone())),
+            Err(e) => {
+                errors.push(invalid(src, node, key, format!("not a duration ({e})"), "write a duration such as \"30s\", \"10m\" or \"1h30m\""));
+                return None;
+            }
+        },
+        (Ty::Enum(choices), Val::Str(s)) => {
+            if choices.contains(&s.as_str()) {
+                Some(Json::String(s.clone()))
+            } else {
+                errors.push(invalid(src, node, key, format!("`{s}` is not one of {}", choices.join(", ")), did_you_mean(s, choices, "values")));
+                return None;
+            }
+        }
+        (Ty::StrMap, Val::Table(entries)) => {
+            let mut m = Map::new();
+            for (k, item) in entries {
+                match &item.value {
+                    Val::Str(s) => {
+                        m.insert(k.name.clone(), Json::String(s.clone()));
+                    }
+                    Val::Int(_) | Val::Float(_) | Val::Bool(_) => {
+                        m.insert(k.name.clone(), Json::String(item.value.to_json().to_string()));
+                    }
+                    _ => {
+                        errors.push(wrong_type(src, item, &format!("{key}.{}", k.name), "a string"));
+                        return None;
+                    }
+                }
+            }
+            Some(Json::Object(m))
+        }
+        (Ty::Table(fields), Val::Table(_)) => Some(Json::Object(check_table(src, node, fields, &format!("`{key}`"), errors))),
+        _ => None,
+    };
+    if ok.is_none() {
+        errors.push(wrong_type(src, node, key, expected(field.ty)));
+    }
+    ok
+}
+
+fn expected(ty: Ty) -> &'static str {
+    match ty {
+        Ty::Str => "a string",
+        Ty::Int => "an integer",
+        Ty::Float => "a number",
+        Ty::Bool => "a boolean",
+        Ty::StrList => "an array of strings",
+        Ty::List => "an array",
+        Ty::Duration => "a duration string",
+        Ty::Enum(_) => "a string",
+        Ty::StrMap => "a table of strings",
+        Ty::Table(_) => "a table",
+        Ty::StrOrInt => "a string or an integer",
+    }
+}
+
+/// JSON Schema of one field table.
+pub fn json_schema(fields: &[Field]) -> Json {
+    let mut props = Map::new();
+    let mut required = Vec::new();
+    for f in fields {
+        let mut s = ty_schema(f.ty);
+        s["description"] = Json::String(f.doc.to_string());
+        if let Some(d) = f.default {
+            s["default"] = serde_json::from_str(d).expect("valid default");
+        }
+        props.insert(f.name.to_string(), s);
+        if f.required {
+            required.push(Json::String(f.name.to_string()));
+        }
+    }
+    json!({"type": "object", "additionalProperties": false, "properties": props, "required": required})
+}
+
+fn ty_schema(ty: Ty) -> Json {
+    match ty {
+        Ty::Str => json!({"type": "string"}),
+        Ty::Int => json!({"type": "integer"}),
+        Ty::Float => json!({"type": "number"}),
+        Ty::Bool => json!({"type": "boolean"}),
+        Ty::StrList => json!({"type": "array", "items": {"type": "string"}}),
+        Ty::List => json!({"type": "array"}),
+        Ty::Duration => json!({"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d) *)+$"}),
+        Ty::Enum(c) => json!({"type": "string", "enum": c}),
+        Ty::StrMap => json!({"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}),
+        Ty::Table(f) => json_schema(f),
+        Ty::StrOrInt => json!({"type": ["string", "integer"]}),
+    }
+}

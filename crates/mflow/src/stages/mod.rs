@@ -1,0 +1,138 @@
+//! Stage kinds: their parameters, their plan-time checks, and how each becomes a job.
+
+pub mod fields;
+mod job;
+
+pub use job::{build_job, external_inputs, resolve_params, workload_digest, JobContext, JobPlan};
+
+use serde_json::{Map, Value as Json};
+
+use crate::spec::error::{did_you_mean, Src, SpecError};
+use crate::spec::schema::{invalid, Field};
+use crate::spec::tree::Node;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Command,
+    Model,
+    Convert,
+    Dataset,
+    Train,
+    Evaluate,
+    Export,
+}
+
+impl Kind {
+    pub const ALL: &'static [Kind] = &[Kind::Command, Kind::Model, Kind::Convert, Kind::Dataset, Kind::Train, Kind::Evaluate, Kind::Export];
+    pub const NAMES: &'static [&'static str] = &["command", "model", "convert", "dataset", "train", "evaluate", "export"];
+
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::NAMES.iter().position(|n| *n == s).map(|i| Kind::ALL[i])
+    }
+
+    pub fn name(self) -> &'static str {
+        Kind::NAMES[Kind::ALL.iter().position(|k| *k == self).unwrap()]
+    }
+
+    pub fn doc(self) -> &'static str {
+        match self {
+            Kind::Command => "any command; writes under $MFLOW_OUTPUT",
+            Kind::Model => "an HF model from the Hub, a directory, or a random-init preset",
+            Kind::Convert => "HF -> Megatron shards for TP x PP, or reshard",
+            Kind::Dataset => "text/JSONL -> Megatron indexed dataset",
+            Kind::Train => "tensor/pipeline-parallel training (Megatron-Core on CUDA, reference engine on CPU)",
+            Kind::Evaluate => "loss, perplexity, generation samples and gates",
+            Kind::Export => "shards -> HF directory, verified against the shards",
+        }
+    }
+
+    pub fn fields(self) -> &'static [Field] {
+        match self {
+            Kind::Command => fields::COMMAND,
+            Kind::Model => fields::MODEL,
+            Kind::Convert => fields::CONVERT,
+            Kind::Dataset => fields::DATASET,
+            Kind::Train => fields::TRAIN,
+            Kind::Evaluate => fields::EVALUATE,
+            Kind::Export => fields::EXPORT,
+        }
+    }
+
+    /// Bumped whenever a kind's parameters or outputs change meaning; part of the cache key.
+    pub fn version(self) -> u32 {
+        1
+    }
+
+    /// Whether the stage runs the embedded Python workloads (their digest and the Python
+    /// environment then enter the cache key).
+    pub fn uses_python(self) -> bool {
+        matches!(self, Kind::Train | Kind::Evaluate | Kind::Export)
+    }
+
+    /// Plan-time checks beyond types.
+    pub fn check(self, src: &Src, node: &Node, p: &Map<String, Json>, stages: &[&str], errors: &mut Vec<SpecError>) {
+        let at = |key: &str| node.get(key).unwrap_or(node);
+        let positive = |key: &str, errors: &mut Vec<SpecError>| {
+            if let Some(n) = p.get(key).and_then(Json::as_i64) {
+                if n < 1 {
+                    errors.push(invalid(src, at(key), key, format!("must be at least 1, got {n}"), format!("set `{key}` to a positive integer")));
+                }
+            }
+        };
+        match self {
+            Kind::Command => {
+                if p.get("run").and_then(Json::as_array).is_some_and(Vec::is_empty) {
+                    errors.push(invalid(src, at("run"), "run", "is empty", "give the program and its arguments, e.g. run = [\"python3\", \"step.py\"]"));
+                }
+            }
+            Kind::Model => {
+                let s = p.get("source").and_then(Json::as_str).unwrap_or_default();
+                if !(s.starts_with("hf://") || s.starts_with("path:") || s.starts_with("init:")) {
+                    errors.push(invalid(src, at("source"), "source", "unknown source scheme", "use hf://ORG/NAME[@REVISION], path:DIR or init:PRESET"));
+                } else if let Some(preset) = s.strip_prefix("init:") {
+                    let presets = crate::stages::PRESETS;
+                    if !presets.contains(&preset) {
+                        errors.push(invalid(src, at("source"), "source", format!("no preset `{preset}`"), did_you_mean(preset, presets, "presets")));
+                    }
+                }
+            }
+            Kind::Convert => {
+                positive("tp", errors);
+                positive("pp", errors);
+            }
+            Kind::Dataset => {
+                let s = p.get("splits").and_then(Json::as_str).unwrap_or_default();
+                let parts: Vec<Option<f64>> = s.split(',').map(|x| x.trim().parse::<f64>().ok().filter(|v| *v >= 0.0)).collect();
+                if parts.len() != 3 || parts.iter().any(Option::is_none) || parts.iter().flatten().sum::<f64>() <= 0.0 {
+                    errors.push(invalid(src, at("splits"), "splits", "expected three non-negative ratios", "write train,valid,test ratios, e.g. \"98,1,1\""));
+                }
+            }
+            Kind::Train => {
+                for k in ["tp", "pp", "dp", "iterations", "seq_length", "micro_batch_size", "global_batch_size", "save_interval", "log_interval", "eval_interval", "eval_iters"] {
+                    positive(k, errors);
+                }
+                let g = p.get("global_batch_size").and_then(Json::as_i64).unwrap_or(1);
+                let m = p.get("micro_batch_size").and_then(Json::as_i64).unwrap_or(1);
+                let dp = p.get("dp").and_then(Json::as_i64).unwrap_or(1);
+                if m > 0 && dp > 0 && g % (m * dp) != 0 {
+                    errors.push(invalid(src, at("global_batch_size"), "global_batch_size", format!("{g} is not divisible by micro_batch_size x dp = {}", m * dp), "make the global batch a multiple of micro_batch_size x dp"));
+                }
+            }
+            Kind::Evaluate => {
+                for k in ["tp", "seq_length", "micro_batch_size", "eval_iters"] {
+                    positive(k, errors);
+                }
+                if let Some(b) = p.get("baseline").and_then(Json::as_str) {
+                    if !stages.contains(&b) {
+                        errors.push(invalid(src, at("baseline"), "baseline", format!("no stage named `{b}`"), did_you_mean(b, stages, "stages")));
+                    }
+                }
+            }
+            Kind::Export => {}
+        }
+    }
+}
+
+/// Random-init model presets (`init:PRESET`).
+pub const PRESETS: &[&str] = &["llama-tiny", "llama-1b", "qwen2-tiny", "gpt2-tiny"];
