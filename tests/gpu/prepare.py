@@ -37,7 +37,9 @@ def main():
         with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
             FL.make_hf_model(hf, tok, **kw)
         for tp in (1, 2):
-            for dtype in ("float32", "bfloat16"):
+            for dtype in os.environ.get("PREP_DTYPES", "float32,bfloat16").split(","):
+                if name == "llama_1b" and os.environ.get("PREP_1B_TP") and str(tp) != os.environ["PREP_1B_TP"]:
+                    continue
                 FL.convert_hf_to_shards(hf, os.path.join(work, f"sh_{name}_tp{tp}_{dtype}"), tp, dtype)
         print("prepared", name, flush=True)
     json.dump(names, open(os.path.join(work, "models.json"), "w"))

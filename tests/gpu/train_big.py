@@ -17,7 +17,8 @@ def main():
     run = os.path.join(work, "big")
     os.makedirs(run, exist_ok=True)
     results = {}
-    for attempt, iters in (("first", 8), ("resume", 10)):
+    plan = [int(x) for x in os.environ.get("BIG_ITERS", "8,10").split(",")]
+    for attempt, iters in (("first", plan[0]), ("resume", plan[1])):
         cfg = config(work, run, "megatron", os.path.join(work, "sh_llama_1b_tp2_bfloat16"), iters, 4096, "bf16")
         cfg.update(micro_batch_size=4, global_batch_size=4, save_interval=4, eval_interval=8, eval_iters=1,
                    lr=3e-4, min_lr=3e-5, warmup_iterations=2)
@@ -31,7 +32,7 @@ def main():
         results[attempt] = {"rc": rc, "summary": summary}
     lines = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))]
     results["metrics"] = lines
-    steady = [x for x in lines if "tflops_per_gpu" in x and x["iteration"] not in (1, 9)]
+    steady = [x for x in lines if "tflops_per_gpu" in x and x["iteration"] not in (1, plan[0] + 1)]
     results["median_tflops_per_gpu"] = sorted(x["tflops_per_gpu"] for x in steady)[len(steady) // 2] if steady else None
     print("BIG", json.dumps({k: v for k, v in results.items() if k != "metrics"}), flush=True)
     json.dump(results, open(os.path.join(out, "train_big.json"), "w"), indent=1)

@@ -215,7 +215,8 @@ def save_checkpoint(root: str, iteration: int, model, opt, meta: dict) -> float:
         os.makedirs(os.path.join(tmp, "model"))
     dist.barrier()
     # Model weights as torch_dist (resharding-capable); the optimizer per (tp, pp) rank as safetensors.
-    dist_checkpointing.save(model.sharded_state_dict(prefix=""), os.path.join(tmp, "model"))
+    # The unwrapped GPTModel: Megatron's DDP would prefix every key with "module.".
+    dist_checkpointing.save(getattr(model, "module", model).sharded_state_dict(prefix=""), os.path.join(tmp, "model"))
     from megatron.core import parallel_state as ps
     if ps.get_data_parallel_rank() == 0:
         save_optimizer(opt, tmp, ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())
@@ -250,8 +251,8 @@ def load_checkpoint(root: str, iteration: int, model, opt, tp: int, pp: int) -> 
         raise ConfigError(f"{d}: written by the {meta.get('engine', 'reference')} engine",
                           "resume with the same engine, or clear the scratch directory")
     from megatron.core import parallel_state as ps
-    state = dist_checkpointing.load(model.sharded_state_dict(prefix=""), os.path.join(d, "model"))
-    inner = getattr(model, "module", model)  # Megatron's DDP.load_state_dict returns nothing
+    inner = getattr(model, "module", model)
+    state = dist_checkpointing.load(inner.sharded_state_dict(prefix=""), os.path.join(d, "model"))
     result = inner.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
     if missing:
@@ -428,7 +429,7 @@ def train(cfg: TrainConfig) -> dict:
     if is_main:
         os.makedirs(final_dir, exist_ok=True)
     dist.barrier()
-    dist_checkpointing.save(ddp.sharded_state_dict(prefix=""), final_dir)
+    dist_checkpointing.save(model.sharded_state_dict(prefix=""), final_dir)
     dist.barrier()
     summary = {"engine": "megatron", "iterations": cfg.iterations, "final_loss": loss_value,
                "first_val_loss": first_val, "last_val_loss": last_val,
