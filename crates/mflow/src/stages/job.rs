@@ -12,6 +12,10 @@ use crate::spec::StageSpec;
 /// Parameters as they enter the cache key: defaults filled, `auto` choices made.
 pub fn resolve_params(st: &StageSpec, env: &Environment) -> Result<Json, (String, String)> {
     let mut p = st.params.clone();
+    if !st.env.is_empty() {
+        // Environment variables shape the output as much as parameters do.
+        p.insert("env".into(), json!(st.env));
+    }
     if matches!(st.kind, Kind::Train | Kind::Evaluate) {
         let engine = match p.get("engine").and_then(Json::as_str).unwrap_or("auto") {
             "auto" if env.gpus.is_empty() => "reference",

@@ -1,0 +1,31 @@
+//! Every kind of spec mistake, rendered as users see it (no colour), pinned by snapshots.
+
+use miette::{GraphicalReportHandler, GraphicalTheme};
+
+fn render(path: &std::path::Path, overrides: &[String]) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let name = std::path::Path::new("spec.toml");
+    let err = mflow::spec::parse(name, &text, overrides).expect_err("the spec must be rejected");
+    let mut out = String::new();
+    GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor()).with_width(100).render_report(&mut out, &err).unwrap();
+    out
+}
+
+#[test]
+fn bad_specs() {
+    insta::glob!("fixtures/bad/*.toml", |path| {
+        insta::assert_snapshot!(render(path, &[]));
+    });
+}
+
+#[test]
+fn bad_overrides() {
+    let ok = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bad/01-unknown-key.toml");
+    let good = std::fs::read_to_string(&ok).unwrap().replace("retires", "retries");
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("spec.toml");
+    std::fs::write(&p, good).unwrap();
+    for set in ["stages.zz.run=1", "nokey", "stages.a.timeout=5"] {
+        insta::assert_snapshot!(set, render(&p, &[set.to_string()]));
+    }
+}

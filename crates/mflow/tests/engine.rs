@@ -1,0 +1,379 @@
+//! The engine end to end: the real binary on specs of `command` stages.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{code, stderr, Project};
+
+/// A stage that appends its name to `log` and writes an output derived from its upstreams.
+fn stage(name: &str, needs: &[&str], extra: &str) -> String {
+    let needs = needs.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ");
+    format!(
+        "[stages.{name}]\nkind = \"command\"\nneeds = [{needs}]\nrun = [\"sh\", \"-c\", \"echo {name} >> ../log; for d in $(env | grep ^MFLOW_INPUT_ | sort | cut -d= -f2); do cat $d/out; done > $MFLOW_OUTPUT/out; echo {name}-${{vars.v_{name}}} >> $MFLOW_OUTPUT/out\"]\n{extra}\n"
+    )
+}
+
+fn diamond() -> String {
+    let mut s = String::from("[pipeline]\nname = \"diamond\"\n\n[vars]\nv_a = 1\nv_b = 1\nv_c = 1\nv_d = 1\n\n");
+    s += &stage("a", &[], "");
+    s += &stage("b", &["a"], "");
+    s += &stage("c", &["a"], "");
+    s += &stage("d", &["b", "c"], "");
+    s
+}
+
+fn project(spec: &str) -> Project {
+    let p = Project::new("");
+    let work = p.path().join("w");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("spec.toml"), spec).unwrap();
+    // Stages write ../log relative to the spec's directory.
+    Project { dir: rebase(p, "w") }
+}
+
+fn rebase(p: Project, sub: &str) -> tempfile::TempDir {
+    // Keep the temp dir alive and point the project at its subdirectory by moving files up.
+    let d = p.dir;
+    let tmp = tempfile::tempdir_in(d.path()).unwrap();
+    std::fs::rename(d.path().join(sub).join("spec.toml"), tmp.path().join("spec.toml")).unwrap();
+    std::mem::forget(d);
+    tmp
+}
+
+fn log(p: &Project) -> Vec<String> {
+    std::fs::read_to_string(p.path().join("../log")).unwrap_or_default().lines().map(str::to_string).collect()
+}
+
+#[test]
+fn runs_in_dependency_order_and_reruns_nothing() {
+    let p = project(&diamond());
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let order = log(&p);
+    let pos = |n: &str| order.iter().position(|x| x == n).unwrap();
+    assert!(pos("a") < pos("b") && pos("a") < pos("c") && pos("b") < pos("d") && pos("c") < pos("d"), "{order:?}");
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(log(&p).len(), 4, "the second run executed stages");
+    let r = p.latest_record();
+    for s in ["a", "b", "c", "d"] {
+        assert_eq!(r["stages"][s]["status"], "cached");
+    }
+}
+
+#[test]
+fn a_changed_parameter_reruns_exactly_its_downstream_cone() {
+    let p = project(&diamond());
+    assert_eq!(code(&p.run(&[])), 0);
+    let o = p.run(&["--set", "vars.v_b=2"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let order = log(&p);
+    assert_eq!(&order[4..], &["b".to_string(), "d".to_string()], "{order:?}");
+    let r = p.latest_record();
+    assert_eq!(r["stages"]["a"]["status"], "cached");
+    assert_eq!(r["stages"]["c"]["status"], "cached");
+}
+
+#[test]
+fn independent_stages_overlap_in_time() {
+    let spec = r#"
+[pipeline]
+name = "par"
+[stages.x]
+kind = "command"
+run = ["sh", "-c", "date +%s.%N > $MFLOW_OUTPUT/start; sleep 1; date +%s.%N > $MFLOW_OUTPUT/end"]
+[stages.y]
+kind = "command"
+run = ["sh", "-c", "date +%s.%N > $MFLOW_OUTPUT/start; sleep 1; date +%s.%N > $MFLOW_OUTPUT/end"]
+"#;
+    let p = Project::new(spec);
+    let t = Instant::now();
+    let o = p.run(&["--jobs", "2"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(t.elapsed() < Duration::from_millis(1900), "stages did not overlap: {:?}", t.elapsed());
+    let r = p.latest_record();
+    let read = |s: &str, f: &str| -> f64 {
+        let out = r["stages"][s]["output"].as_str().unwrap();
+        std::fs::read_to_string(format!("{out}/{f}")).unwrap().trim().parse().unwrap()
+    };
+    assert!(read("x", "start") < read("y", "end") && read("y", "start") < read("x", "end"));
+}
+
+fn flaky(max: u32, on: &str, fails: u32) -> String {
+    format!(
+        r#"
+[pipeline]
+name = "flaky"
+[stages.f]
+kind = "command"
+retries = {{ max = {max}, backoff = "10ms", on = [{on}] }}
+run = ["sh", "-c", "echo x >> ../attempts; n=$(wc -l < ../attempts); if [ $n -le {fails} ]; then echo failing $n; exit 3; fi; echo ok > $MFLOW_OUTPUT/ok"]
+"#
+    )
+}
+
+fn attempts(p: &Project) -> usize {
+    std::fs::read_to_string(p.path().join("../attempts")).unwrap_or_default().lines().count()
+}
+
+#[test]
+fn a_stage_that_fails_twice_then_succeeds() {
+    let p = project(&flaky(2, "\"user\"", 2));
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(attempts(&p), 3);
+    let r = p.latest_record();
+    let a = r["stages"]["f"]["attempts"].as_array().unwrap();
+    assert_eq!(a.iter().map(|x| x["outcome"].as_str().unwrap()).collect::<Vec<_>>(), ["user", "user", "success"]);
+}
+
+#[test]
+fn a_retry_budget_runs_out() {
+    let p = project(&flaky(1, "\"user\"", 10));
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 1);
+    assert_eq!(attempts(&p), 2);
+    assert!(stderr(&o).contains("retries exhausted"), "{}", stderr(&o));
+    assert!(p.cache_keys().is_empty(), "a failure was cached");
+}
+
+#[test]
+fn a_class_that_is_not_retried() {
+    let p = project(&flaky(3, "\"infra\"", 10));
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 1);
+    assert_eq!(attempts(&p), 1);
+}
+
+#[test]
+fn a_stage_reports_its_own_failure_class() {
+    let spec = r#"
+[pipeline]
+name = "cls"
+[stages.f]
+kind = "command"
+retries = { max = 1, backoff = "10ms", on = ["infra"] }
+run = ["sh", "-c", "echo x >> ../attempts; echo '{\"class\": \"infra\", \"message\": \"lost a peer\"}' > $MFLOW_STATUS; exit 1"]
+"#;
+    let p = project(spec);
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert_eq!(attempts(&p), 2);
+    assert!(stderr(&o).contains("lost a peer"));
+}
+
+#[test]
+fn a_timeout_kills_the_stage() {
+    let spec = r#"
+[pipeline]
+name = "slow"
+[stages.s]
+kind = "command"
+timeout = "300ms"
+run = ["sh", "-c", "sleep 30"]
+"#;
+    let p = Project::new(spec);
+    let t = Instant::now();
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert!(stderr(&o).contains("timed out"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_failed_gate_has_its_own_exit_code() {
+    let spec = r#"
+[pipeline]
+name = "gate"
+[stages.e]
+kind = "command"
+gates = { val_ppl = "< 40" }
+run = ["sh", "-c", "echo '{\"val_ppl\": 52.5}' > $MFLOW_OUTPUT/metrics.json"]
+"#;
+    let p = Project::new(spec);
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    assert!(stderr(&o).contains("gate e.val_ppl < 40 : 52.5000 -> FAIL"), "{}", stderr(&o));
+}
+
+/// Alive and not a zombie waiting to be reaped.
+fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+fn wait_for(path: &std::path::Path) -> String {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(20) {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if s.ends_with('\n') {
+                return s;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{} never appeared", path.display());
+}
+
+const LONG: &str = r#"
+[pipeline]
+name = "long"
+[stages.first]
+kind = "command"
+run = ["sh", "-c", "echo ok > $MFLOW_OUTPUT/ok"]
+[stages.sleepy]
+kind = "command"
+needs = ["first"]
+run = ["sh", "-c", "sleep 60 & echo $! > ../child.pid; echo $$ >> ../started; echo partial > $MFLOW_OUTPUT/partial; wait"]
+"#;
+
+#[test]
+fn sigint_stops_children_and_records_cancelled() {
+    let p = project(LONG);
+    let mut child = p.cmd(&["run", "spec.toml"]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    wait_for(&p.path().join("../started"));
+    let grandchild: i32 = std::fs::read_to_string(p.path().join("../child.pid")).unwrap().trim().parse().unwrap();
+    // SAFETY: sends SIGINT to the mflow process we started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!pid_alive(grandchild), "a stage's child survived the cancel");
+    let r = p.latest_record();
+    assert_eq!(r["status"], "cancelled");
+    assert_eq!(r["stages"]["sleepy"]["status"], "cancelled");
+    assert_eq!(p.cache_keys().len(), 1, "only `first` may be committed");
+    let staging = std::fs::read_dir(p.path().join(".mflow/cache/.staging")).unwrap().count();
+    assert_eq!(staging, 0, "a partial entry was left in staging");
+}
+
+#[test]
+fn sigkill_mid_stage_then_a_rerun_completes_consistently() {
+    let p = project(LONG);
+    let mut child = p.cmd(&["run", "spec.toml"]).spawn().unwrap();
+    wait_for(&p.path().join("../started"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let grandchild: i32 = std::fs::read_to_string(p.path().join("../child.pid")).unwrap().trim().parse().unwrap();
+    // SAFETY: cleaning up the orphaned sleep of the killed run.
+    unsafe { libc::kill(grandchild, libc::SIGKILL) };
+    let fast = LONG.replace("sleep 60 & echo $! > ../child.pid; ", "");
+    p.write_spec(&fast);
+    let o = p.run(&["--verify"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let r = p.latest_record();
+    assert_eq!(r["stages"]["first"]["status"], "cached");
+    assert_eq!(r["stages"]["sleepy"]["status"], "succeeded");
+    let o = p.run(&["--verify"]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(p.latest_record()["stages"]["sleepy"]["status"], "cached");
+}
+
+#[test]
+fn a_corrupted_cache_entry_is_detected_and_rerun() {
+    let p = project(&diamond());
+    assert_eq!(code(&p.run(&[])), 0);
+    let r = p.latest_record();
+    let out = r["stages"]["c"]["output"].as_str().unwrap().to_string();
+    // Same size, different bytes: only --verify can tell.
+    let f = format!("{out}/out");
+    let text = std::fs::read_to_string(&f).unwrap();
+    std::fs::write(&f, text.replace('c', "x")).unwrap();
+    let o = p.run(&["--verify"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("corrupt"), "{}", stderr(&o));
+    assert_eq!(log(&p)[4..], ["c".to_string()]);
+    // A truncated file is caught by the default fast check.
+    std::fs::write(&f, "").unwrap();
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(log(&p)[5..], ["c".to_string()]);
+}
+
+#[test]
+fn two_concurrent_runs_compute_each_key_once() {
+    let spec = r#"
+[pipeline]
+name = "twice"
+[stages.slow]
+kind = "command"
+run = ["sh", "-c", "echo x >> ../count; sleep 1; echo done > $MFLOW_OUTPUT/done"]
+[stages.after]
+kind = "command"
+needs = ["slow"]
+run = ["sh", "-c", "echo y >> ../count; cp $MFLOW_INPUT_SLOW/done $MFLOW_OUTPUT/"]
+"#;
+    let p = project(spec);
+    let a = p.cmd(&["run", "spec.toml"]).spawn().unwrap();
+    let b = p.cmd(&["run", "spec.toml"]).spawn().unwrap();
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert_eq!((code(&a), code(&b)), (0, 0));
+    let count = std::fs::read_to_string(p.path().join("../count")).unwrap();
+    assert_eq!(count.lines().count(), 2, "a key ran twice: {count:?}");
+}
+
+#[test]
+fn plan_says_what_would_run_and_why() {
+    let p = project(&diamond());
+    let o = p.mflow(&["plan", "spec.toml"]);
+    assert_eq!(common::stdout(&o), "a  command   run     never ran\nb  command   run     upstream `a` runs first\nc  command   run     upstream `a` runs first\nd  command   run     upstream `b` runs first\n");
+    assert_eq!(code(&p.run(&[])), 0);
+    let o = p.mflow(&["plan", "spec.toml", "--set", "vars.v_c=5", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["action"], "cached");
+    assert_eq!(v[2]["action"], "run");
+    assert!(v[2]["reason"].as_str().unwrap().starts_with("parameter `run`"));
+    let o = p.mflow(&["why", "spec.toml", "c", "--set", "vars.v_c=5"]);
+    assert!(common::stdout(&o).contains("parameter `run`"), "{}", common::stdout(&o));
+    let o = p.mflow(&["output", "spec.toml", "d"]);
+    assert_eq!(code(&o), 0);
+    assert!(std::path::Path::new(common::stdout(&o).trim()).join("out").exists());
+}
+
+#[test]
+fn gc_keeps_what_recent_runs_use() {
+    let p = project(&diamond());
+    assert_eq!(code(&p.run(&[])), 0);
+    assert_eq!(code(&p.run(&["--set", "vars.v_a=9"])), 0);
+    assert_eq!(p.cache_keys().len(), 8);
+    let o = p.mflow(&["gc", "--keep-runs", "1"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(p.cache_keys().len(), 4);
+    let o = p.run(&["--set", "vars.v_a=9"]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(log(&p).len(), 8, "gc removed an entry the kept run uses");
+}
+
+#[test]
+fn inputs_enter_the_key() {
+    let spec = r#"
+[pipeline]
+name = "inputs"
+[stages.read]
+kind = "command"
+inputs = ["data/*.txt"]
+run = ["sh", "-c", "echo x >> ../count; cat data/*.txt > $MFLOW_OUTPUT/all"]
+"#;
+    let p = project(spec);
+    std::fs::create_dir_all(p.path().join("data")).unwrap();
+    std::fs::write(p.path().join("data/a.txt"), "one").unwrap();
+    assert_eq!(code(&p.run(&[])), 0);
+    assert_eq!(code(&p.run(&[])), 0);
+    std::fs::write(p.path().join("data/a.txt"), "two").unwrap();
+    assert_eq!(code(&p.run(&[])), 0);
+    let count = std::fs::read_to_string(p.path().join("../count")).unwrap();
+    assert_eq!(count.lines().count(), 2);
+}
+
+#[test]
+fn logs_and_status_show_a_run() {
+    let p = project(&flaky(2, "\"user\"", 1));
+    assert_eq!(code(&p.run(&[])), 0);
+    let o = p.mflow(&["logs", "f"]);
+    assert_eq!(common::stdout(&o), "--- attempt 1 ---\nfailing 1\n--- attempt 2 ---\n");
+    let o = p.mflow(&["status"]);
+    assert!(common::stdout(&o).contains("(2 attempts)"), "{}", common::stdout(&o));
+}
