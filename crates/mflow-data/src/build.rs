@@ -89,7 +89,33 @@ pub struct Stats {
     pub text_bytes: u64,
     pub truncated_documents: u64,
     pub skipped: Skipped,
-    pub splits: BTreeMap<&'static str, SplitStats>,
+    pub splits: Splits,
+}
+
+/// Per-split counts, in train / valid / test order.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Splits {
+    pub train: SplitStats,
+    pub valid: SplitStats,
+    pub test: SplitStats,
+}
+
+impl Splits {
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &SplitStats)> {
+        SPLIT_NAMES.into_iter().zip([&self.train, &self.valid, &self.test])
+    }
+}
+
+impl std::ops::Index<&str> for Splits {
+    type Output = SplitStats;
+    fn index(&self, name: &str) -> &SplitStats {
+        match name {
+            "train" => &self.train,
+            "valid" => &self.valid,
+            "test" => &self.test,
+            other => panic!("no split named {other}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -114,12 +140,14 @@ struct Encoded {
     failure: Option<(u32, u64, TokenizerError)>,
 }
 
-/// Checks the options, tokenizes the corpus and commits the dataset directory.
-pub fn build(opts: &Options, reporter: &Reporter) -> Result<Summary, BuildError> {
+/// Checks the options, tokenizes the corpus and commits the dataset directory. Progress goes
+/// to `MFLOW_PROGRESS` (or a terminal bar) in input bytes.
+pub fn build(opts: &Options) -> Result<Summary, BuildError> {
     let started = Instant::now();
     let encoder = Arc::new(opts.validate()?);
     let files = input::expand(&opts.inputs, opts.format)?;
     let total_bytes: u64 = files.iter().map(|f| f.bytes).sum();
+    let reporter = Reporter::new("tokenize", Some(total_bytes), "bytes");
     let threads = if opts.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { opts.threads };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
@@ -216,11 +244,11 @@ pub fn build(opts: &Options, reporter: &Reporter) -> Result<Summary, BuildError>
                 splits[s].text_bytes += encoded.text_bytes[s];
             }
             truncated += encoded.truncated;
-            report(reporter, &bytes_read, &splits, started);
+            report(&reporter, &bytes_read, &splits, started);
         }
     }
     let skipped = reader.join().expect("the reader thread does not panic");
-    report(reporter, &bytes_read, &splits, started);
+    report(&reporter, &bytes_read, &splits, started);
     reporter.finish();
 
     let documents: u64 = splits.iter().map(|s| s.documents).sum();
@@ -245,7 +273,10 @@ pub fn build(opts: &Options, reporter: &Reporter) -> Result<Summary, BuildError>
         text_bytes: splits.iter().map(|s| s.text_bytes).sum(),
         truncated_documents: truncated,
         skipped,
-        splits: SPLIT_NAMES.iter().copied().zip(splits).collect(),
+        splits: {
+            let [train, valid, test] = splits;
+            Splits { train, valid, test }
+        },
     };
     write_metadata(staging.path(), opts, &encoder, &stats)?;
     staging.commit()?;
@@ -289,7 +320,7 @@ struct DatasetJson<'a> {
     eod_token: &'a str,
     dtype: &'static str,
     /// Only the splits that hold documents; an empty split has no files.
-    splits: BTreeMap<&'static str, &'a SplitStats>,
+    splits: serde_json::Map<String, serde_json::Value>,
     tokenizer: &'static str,
     add_special_tokens: bool,
     split_ratios: [f64; 3],
@@ -309,7 +340,12 @@ fn write_metadata(dir: &Path, opts: &Options, encoder: &Encoder, stats: &Stats) 
         eod_id: encoder.eod(),
         eod_token: encoder.eod_token(),
         dtype: encoder.dtype().name(),
-        splits: stats.splits.iter().filter(|(_, s)| s.documents > 0).map(|(k, v)| (*k, v)).collect(),
+        splits: stats
+            .splits
+            .iter()
+            .filter(|(_, s)| s.documents > 0)
+            .map(|(k, v)| (k.to_string(), serde_json::to_value(v).expect("plain data")))
+            .collect(),
         tokenizer: if encoder.tokenizer_file().is_some() { "tokenizer.json" } else { "byte-level" },
         add_special_tokens: encoder.add_special_tokens(),
         split_ratios: opts.splits.0,

@@ -2,8 +2,6 @@
 
 use std::path::PathBuf;
 
-use mflow_progress::Reporter;
-
 use crate::build::build;
 use crate::options::{DtypeChoice, InputFormat, InvalidUtf8, Options, SplitBy};
 
@@ -59,8 +57,7 @@ pub struct DatasetArgs {
 /// Runs the stage: tokenizes the corpus into `--out` and prints a one-line summary.
 pub fn run(args: &DatasetArgs) -> miette::Result<()> {
     let opts = Options::from_args(args)?;
-    let reporter = Reporter::new("tokenize", None, "bytes");
-    let summary = build(&opts, &reporter)?;
+    let summary = build(&opts)?;
     let s = &summary.stats;
     let secs = summary.seconds.max(1e-9);
     eprintln!(

@@ -23,7 +23,7 @@ pub fn args(argv: &[&str]) -> DatasetArgs {
 
 pub fn run(argv: &[&str]) -> Result<Summary, BuildError> {
     let opts = Options::from_args(&args(argv))?;
-    build(&opts, &mflow_progress::Reporter::quiet())
+    build(&opts)
 }
 
 pub fn fixture(rel: &str) -> String {

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Builds the tokenization benchmark corpus from text already on this machine, and trains the
+benchmark's BPE tokenizer on a slice of it.
+
+One document per source file (Rust crate sources, Rust toolchain docs, Python sources, Debian
+package docs), UTF-8 only, de-duplicated by content, files over 16 MB left out, shuffled with a
+fixed seed, written as JSONL {"text": ...} until --mb megabytes of text.
+
+usage: make_corpus.py OUTDIR [--mb 520] [--vocab 32000]
+writes OUTDIR/corpus.jsonl, OUTDIR/tokenizer/{tokenizer.json,tokenizer_config.json}, OUTDIR/corpus.json
+"""
+import argparse
+import glob
+import gzip
+import hashlib
+import json
+import os
+import random
+import time
+
+EXTS = ('.rs', '.md', '.toml', '.txt', '.py', '.c', '.h', '.html', '.rst', '.json', '.yml', '.yaml', '.sh')
+MAX_FILE = 16 << 20
+
+
+def roots():
+    home = os.path.expanduser('~')
+    out = [os.path.join(home, '.cargo/registry/src')]
+    out += sorted(glob.glob(os.path.join(home, '.rustup/toolchains/*/share/doc')))
+    out += sorted(glob.glob(os.path.join(home, '.rustup/toolchains/*/lib/rustlib/src')))
+    out += sorted(glob.glob('/usr/lib/python3*')) + ['/usr/share/doc']
+    return [r for r in out if os.path.isdir(r)]
+
+
+def candidates():
+    files = []
+    for root in roots():
+        for dirpath, _, names in os.walk(root):
+            for n in names:
+                if n.endswith(EXTS) or n.endswith('.gz') or n in ('copyright', 'README', 'changelog'):
+                    files.append(os.path.join(dirpath, n))
+    files.sort()
+    return files
+
+
+def read_text(path):
+    try:
+        if os.path.getsize(path) > MAX_FILE or os.path.islink(path):
+            return None
+        opener = gzip.open if path.endswith('.gz') else open
+        with opener(path, 'rb') as f:
+            data = f.read(MAX_FILE + 1)
+        if len(data) > MAX_FILE or len(data) < 64 or b'\x00' in data:
+            return None
+        return data.decode('utf-8')
+    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile):
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('outdir')
+    ap.add_argument('--mb', type=int, default=520)
+    ap.add_argument('--vocab', type=int, default=32000)
+    a = ap.parse_args()
+    os.makedirs(a.outdir, exist_ok=True)
+    t0 = time.time()
+    files = candidates()
+    random.Random(0).shuffle(files)
+    seen, total, docs, sample, sample_bytes = set(), 0, 0, [], 0
+    with open(os.path.join(a.outdir, 'corpus.jsonl'), 'w', encoding='utf-8') as out:
+        for path in files:
+            text = read_text(path)
+            if text is None:
+                continue
+            h = hashlib.blake2b(text.encode('utf-8'), digest_size=16).digest()
+            if h in seen:
+                continue
+            seen.add(h)
+            out.write(json.dumps({'text': text}, ensure_ascii=False) + '\n')
+            n = len(text.encode('utf-8'))
+            total += n
+            docs += 1
+            if sample_bytes < 20e6 and docs % 10 == 0:
+                sample.append(text)
+                sample_bytes += n
+            if total >= a.mb * 1e6:
+                break
+    print(f'corpus: {docs} documents, {total} bytes of text in {time.time() - t0:.0f}s')
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=a.vocab, min_frequency=2, special_tokens=['<|endoftext|>'],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    t1 = time.time()
+    tok.train_from_iterator(sample, trainer)
+    tokdir = os.path.join(a.outdir, 'tokenizer')
+    os.makedirs(tokdir, exist_ok=True)
+    tok.save(os.path.join(tokdir, 'tokenizer.json'))
+    with open(os.path.join(tokdir, 'tokenizer_config.json'), 'w') as f:
+        json.dump({'tokenizer_class': 'PreTrainedTokenizerFast', 'eos_token': '<|endoftext|>'}, f)
+    print(f'tokenizer: vocab {tok.get_vocab_size()} trained on {sample_bytes} bytes in {time.time() - t1:.0f}s')
+    with open(os.path.join(a.outdir, 'corpus.json'), 'w') as f:
+        json.dump({'documents': docs, 'text_bytes': total, 'sample_bytes': sample_bytes,
+                   'vocab': tok.get_vocab_size(), 'roots': roots()}, f, indent=1)
+
+
+if __name__ == '__main__':
+    main()
