@@ -154,7 +154,9 @@ pub fn check_tensors(sources: &Sources, expected: &[(String, Vec<u64>)], label: 
             _ => {}
         }
         if &meta.shape != shape {
-            return Err(CkptError::Shape { file, tensor: name.clone(), found: meta.shape.clone(), expected: shape.clone(), reason: config_label.into() });
+            let vocab = name.contains("embed_tokens") || name.contains("wte") || name.starts_with("lm_head");
+            let reason = if vocab { format!("vocab_size = {} in {config_label}", shape[0]) } else { config_label.to_string() };
+            return Err(CkptError::Shape { file, tensor: name.clone(), found: meta.shape.clone(), expected: shape.clone(), reason });
         }
     }
     Ok(dtype.map(|d| d.0).unwrap_or(Dtype::F32))

@@ -1,0 +1,238 @@
+//! Bad checkpoints get a clear error naming the file and tensor, and leave nothing behind.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use miette::Diagnostic;
+use mflow_ckpt::convert::{convert, export};
+use mflow_ckpt::{check_parallelism, presets, CkptError};
+use serde_json::Value;
+
+/// A llama-tiny preset written once and copied per test.
+fn pristine() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = tempfile::tempdir().unwrap();
+        presets::write(&presets::preset("llama-tiny").unwrap(), &d.path().join("hf"), 0).unwrap();
+        d
+    })
+    .path()
+}
+
+/// A fresh copy of the preset in a new temp dir; returns (tempdir, model dir).
+fn model() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("hf");
+    std::fs::create_dir(&dir).unwrap();
+    for e in std::fs::read_dir(pristine().join("hf")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    (tmp, dir)
+}
+
+fn render(err: &CkptError, tmp: &Path) -> String {
+    let code = err.code().map(|c| c.to_string()).unwrap_or_default();
+    let help = err.help().map(|h| h.to_string()).unwrap_or_default();
+    format!("{code}\n{err}\nhelp: {help}").replace(&tmp.display().to_string(), "[TMP]")
+}
+
+/// Converts and expects failure; checks that no output or staging directory is left.
+fn convert_fails(tmp: &Path, src: &Path, tp: u32, pp: u32) -> String {
+    let dst = tmp.join("out");
+    let err = convert(src, &dst, tp, pp, None).expect_err("conversion must fail");
+    assert!(!dst.exists(), "output directory left behind");
+    let leftovers: Vec<_> = std::fs::read_dir(tmp).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains("staging")).collect();
+    assert!(leftovers.is_empty(), "staging left behind: {leftovers:?}");
+    render(&err, tmp)
+}
+
+/// Rewrites the header of model.safetensors through `edit`, keeping the data bytes.
+fn edit_header(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(&mut header);
+    let mut json = serde_json::to_vec(&header).unwrap();
+    while json.len() % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut out = (json.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(&path, out).unwrap();
+}
+
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let path = dir.join("config.json");
+    let mut v: serde_json::Map<String, Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn truncated_safetensors() {
+    let (tmp, dir) = model();
+    let path = dir.join("model.safetensors");
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len / 2).unwrap();
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 2, 1));
+}
+
+#[test]
+fn header_length_past_end_of_file() {
+    let (tmp, dir) = model();
+    let mut bytes = 5_000_000u64.to_le_bytes().to_vec();
+    bytes.extend_from_slice(br#"{"a":1}"#);
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 1));
+}
+
+#[test]
+fn overlapping_data_offsets() {
+    let (tmp, dir) = model();
+    edit_header(&dir, |h| {
+        let first = h["model.layers.0.input_layernorm.weight"]["data_offsets"].clone();
+        h["model.layers.1.input_layernorm.weight"]["data_offsets"] = first;
+    });
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 1));
+}
+
+#[test]
+fn data_offsets_out_of_range() {
+    let (tmp, dir) = model();
+    edit_header(&dir, |h| {
+        let (name, end) = h
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), v.get("data_offsets")?[1].as_u64()?)))
+            .max_by_key(|(_, e)| *e)
+            .unwrap();
+        h[&name]["data_offsets"][1] = Value::from(end + 4096);
+    });
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 1));
+}
+
+#[test]
+fn dtype_mismatch() {
+    let (tmp, dir) = model();
+    edit_header(&dir, |h| {
+        let t = &mut h["model.layers.2.post_attention_layernorm.weight"];
+        t["dtype"] = "BF16".into();
+        t["shape"] = serde_json::json!([512]);
+    });
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 1));
+}
+
+#[test]
+fn missing_tensor() {
+    let (tmp, dir) = model();
+    edit_config(&dir, |c| {
+        c.insert("tie_word_embeddings".into(), false.into());
+    });
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 1));
+}
+
+#[test]
+fn unexpected_tensor() {
+    let (tmp, dir) = model();
+    edit_header(&dir, |h| {
+        let v = h.remove("model.layers.3.mlp.up_proj.weight").unwrap();
+        h.insert("model.layers.3.mlp.extra_proj.weight".into(), v);
+    });
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 1));
+}
+
+#[test]
+fn config_and_shape_disagree() {
+    let (tmp, dir) = model();
+    edit_config(&dir, |c| {
+        c.insert("intermediate_size".into(), 700.into());
+    });
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 1));
+}
+
+#[test]
+fn vocab_larger_than_embedding() {
+    let (tmp, dir) = model();
+    edit_config(&dir, |c| {
+        c.insert("vocab_size".into(), 2000.into());
+    });
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 1));
+}
+
+#[test]
+fn unsupported_architecture() {
+    let (tmp, dir) = model();
+    edit_config(&dir, |c| {
+        c.insert("model_type".into(), "mixtral".into());
+    });
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 1));
+}
+
+#[test]
+fn tp_not_dividing_heads() {
+    let (tmp, dir) = model();
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 3, 1));
+}
+
+#[test]
+fn tp_not_dividing_kv_groups() {
+    let (tmp, dir) = model();
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 8, 1));
+}
+
+#[test]
+fn tp_not_dividing_ffn() {
+    let mut shape = presets::shape("llama-tiny").unwrap();
+    shape.ffn_hidden_size = 690;
+    let err = check_parallelism(&shape, 4, 1).unwrap_err();
+    insta::assert_snapshot!(render(&err, Path::new("/nonexistent")));
+}
+
+#[test]
+fn pp_not_dividing_layers() {
+    let (tmp, dir) = model();
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 3));
+}
+
+#[test]
+fn pickle_checkpoints_are_refused() {
+    let (tmp, dir) = model();
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("pytorch_model.bin"), b"PK\x03\x04 not opened").unwrap();
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 1));
+}
+
+#[test]
+fn damaged_shards_are_refused_on_export() {
+    let (tmp, dir) = model();
+    let shards = tmp.path().join("shards");
+    convert(&dir, &shards, 2, 1, None).unwrap();
+    let f = shards.join("model_tp01_pp000.safetensors");
+    let mut bytes = std::fs::read(&f).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&f, bytes).unwrap();
+    let dst = tmp.path().join("back");
+    let err = export(&shards, &dst).unwrap_err();
+    assert!(!dst.exists());
+    // The digests differ from run to run; keep the rest of the message.
+    let hex = |w: &str| w.len() == 64 && w.chars().all(|c| c.is_ascii_hexdigit());
+    let text: Vec<String> = render(&err, tmp.path())
+        .lines()
+        .map(|l| l.split(' ').map(|w| if hex(w) { "[BLAKE3]" } else { w }).collect::<Vec<_>>().join(" "))
+        .collect();
+    insta::assert_snapshot!(text.join("\n"));
+}
+
+#[test]
+fn existing_destination_is_not_overwritten() {
+    let (tmp, dir) = model();
+    let dst = tmp.path().join("taken");
+    std::fs::create_dir(&dst).unwrap();
+    std::fs::write(dst.join("keep.txt"), b"mine").unwrap();
+    let err = convert(&dir, &dst, 1, 1, None).unwrap_err();
+    assert_eq!(std::fs::read(dst.join("keep.txt")).unwrap(), b"mine");
+    insta::assert_snapshot!(render(&err, tmp.path()));
+}
