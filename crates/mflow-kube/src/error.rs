@@ -1,0 +1,148 @@
+//! Errors of the Kubernetes backend, each with a way forward.
+
+use miette::Diagnostic;
+use thiserror::Error;
+
+/// Where the least-privilege RBAC manifest lives; printed in every permission error.
+pub const RBAC_EXAMPLE: &str = "examples/kubernetes/rbac.yaml";
+
+#[derive(Debug, Error, Diagnostic)]
+pub enum KubeError {
+    #[error("cannot load the Kubernetes client configuration: {message}")]
+    #[diagnostic(
+        code(mflow::kube::config),
+        help("set KUBECONFIG or pass --kubeconfig/--context; inside a pod, mflow uses the pod's service account")
+    )]
+    Config { message: String },
+
+    #[error("the Kubernetes API server at {url} is unreachable: {message}")]
+    #[diagnostic(
+        code(mflow::kube::unreachable),
+        help("check that the cluster is running and that `kubectl --context <ctx> get ns` works from this machine")
+    )]
+    Unreachable { url: String, message: String },
+
+    #[error("forbidden: cannot {verb} {resource} in namespace {namespace:?}: {message}")]
+    #[diagnostic(
+        code(mflow::kube::forbidden),
+        help("grant the identity mflow runs as the `{verb}` verb on `{resource}`; {RBAC_EXAMPLE} lists the least privilege mflow needs (kubectl apply -n <namespace> -f {RBAC_EXAMPLE})")
+    )]
+    Forbidden { verb: String, resource: String, namespace: String, message: String },
+
+    #[error("the Kubeflow Trainer API (trainer.kubeflow.org/v1alpha1 {resource}) is not installed on this cluster")]
+    #[diagnostic(
+        code(mflow::kube::trainer_missing),
+        help("install Kubeflow Trainer v2.3 (at least v2.2): see docs/kubernetes.md, `kubectl apply --server-side -k \"github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0\"`")
+    )]
+    TrainerMissing { resource: String },
+
+    #[error("Kubeflow Trainer on this cluster is too old: {found}; mflow needs v2.2 or newer (v2.3 recommended)")]
+    #[diagnostic(
+        code(mflow::kube::trainer_too_old),
+        help("upgrade Kubeflow Trainer to v2.3; mflow relies on TrainJob `spec.runtimePatches`, which v2.2 introduced")
+    )]
+    TrainerTooOld { found: String },
+
+    #[error("ClusterTrainingRuntime {name:?} does not exist (existing: {})", if available.is_empty() { "none".to_string() } else { available.join(", ") })]
+    #[diagnostic(
+        code(mflow::kube::runtime_missing),
+        help("apply examples/kubernetes/runtime.yaml, or set the stage's runtime to one of the existing ClusterTrainingRuntimes")
+    )]
+    RuntimeMissing { name: String, available: Vec<String> },
+
+    #[error("PersistentVolumeClaim {name:?} for mflow artifacts does not exist in namespace {namespace:?}")]
+    #[diagnostic(
+        code(mflow::kube::pvc_missing),
+        help("create it with examples/kubernetes/pvc.yaml (ReadWriteMany), or point mflow at an existing claim")
+    )]
+    PvcMissing { name: String, namespace: String },
+
+    #[error("the API server rejected {kind} {name:?} of stage {stage:?}: {message}")]
+    #[diagnostic(
+        code(mflow::kube::invalid_object),
+        help("the server's message names the offending field; fix the stage's image, command, resources or runtime in the spec")
+    )]
+    Invalid { stage: String, kind: String, name: String, message: String },
+
+    #[error("{kind} {name:?} already exists and was not created by mflow for this stage ({reason})")]
+    #[diagnostic(
+        code(mflow::kube::foreign_object),
+        help("mflow never deletes objects it did not create: delete or rename it yourself (kubectl delete {kind_lower} {name}), or use another namespace", kind_lower = kind.to_lowercase())
+    )]
+    ForeignObject { kind: String, name: String, reason: String },
+
+    #[error("stage {stage:?} sets environment variable {name}, which Kubeflow Trainer reserves")]
+    #[diagnostic(
+        code(mflow::kube::reserved_env),
+        help("remove it: Trainer injects PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT itself and rejects TrainJobs that set them")
+    )]
+    ReservedEnv { stage: String, name: String },
+
+    #[error("stage {stage:?} cannot run on Kubernetes: {field} {problem}")]
+    #[diagnostic(code(mflow::kube::bad_request), help("fix `{field}` of the stage in the spec"))]
+    BadRequest { stage: String, field: String, problem: String },
+
+    #[error("workload file {path:?} cannot be shipped in a ConfigMap: {problem}")]
+    #[diagnostic(
+        code(mflow::kube::bad_workload),
+        help("pass workload paths relative to the workloads root (like `mflow_workloads/train.py`) and keep the code under 700 kB; large files belong in the image")
+    )]
+    BadWorkload { path: String, problem: String },
+
+    #[error("cache index entry {name:?} is unreadable: {message}")]
+    #[diagnostic(
+        code(mflow::kube::cache_corrupt),
+        help("delete the ConfigMap (kubectl delete configmap {name}); the stage will run again and write a fresh entry")
+    )]
+    CacheCorrupt { name: String, message: String },
+
+    #[error("Kubernetes API call failed: {verb} {resource} {name:?}: {message}")]
+    #[diagnostic(
+        code(mflow::kube::api),
+        help("this is usually transient; if it persists, check the API server and the Trainer controller logs")
+    )]
+    Api { verb: String, resource: String, name: String, message: String },
+}
+
+impl KubeError {
+    /// Maps a client error of one API call to the error that says what to do about it.
+    pub(crate) fn from_call(
+        err: kube::Error,
+        verb: &str,
+        resource: &str,
+        name: &str,
+        namespace: &str,
+        url: &str,
+    ) -> KubeError {
+        match err {
+            kube::Error::Api(status) if status.is_forbidden() || status.code == 401 => KubeError::Forbidden {
+                verb: verb.to_string(),
+                resource: resource.to_string(),
+                namespace: namespace.to_string(),
+                message: status.message.clone(),
+            },
+            kube::Error::Api(status) => KubeError::Api {
+                verb: verb.to_string(),
+                resource: resource.to_string(),
+                name: name.to_string(),
+                message: format!("{} ({}, HTTP {})", status.message, status.reason, status.code),
+            },
+            kube::Error::HyperError(e) => KubeError::Unreachable { url: url.to_string(), message: e.to_string() },
+            kube::Error::Service(e) => KubeError::Unreachable { url: url.to_string(), message: e.to_string() },
+            other => KubeError::Api {
+                verb: verb.to_string(),
+                resource: resource.to_string(),
+                name: name.to_string(),
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+/// The status carried by an API error, if the server answered at all.
+pub(crate) fn api_status(err: &kube::Error) -> Option<&kube::core::Status> {
+    match err {
+        kube::Error::Api(status) => Some(status),
+        _ => None,
+    }
+}

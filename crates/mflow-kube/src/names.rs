@@ -1,0 +1,148 @@
+//! Deterministic object names and label values.
+//!
+//! TrainJob names must be RFC 1035 labels, and JobSet derives pod names
+//! `<name>-node-<job>-<rank>-<5 chars>` from them that must fit in 63 characters, which leaves
+//! 48 characters for the TrainJob (see docs/kubernetes.md).
+
+/// Longest TrainJob name mflow generates.
+pub const MAX_TRAINJOB_NAME: usize = 48;
+/// Longest label value Kubernetes accepts.
+pub const MAX_LABEL_VALUE: usize = 63;
+
+/// The TrainJob name of one attempt of one stage: `<pipeline>-<stage>-<key8>`, plus `-a<n>` from
+/// the second attempt on.
+///
+/// Parts are lower-cased and reduced to `[a-z0-9-]`. When that changes a part, or the name
+/// would exceed [`MAX_TRAINJOB_NAME`], the parts are shortened and a hash of the original
+/// pipeline and stage names is inserted, so distinct stages never share a name.
+pub fn trainjob_name(pipeline: &str, stage: &str, key: &str, attempt: u32) -> String {
+    let key8 = key_prefix(key, 8);
+    let suffix = if attempt > 1 { format!("-a{attempt}") } else { String::new() };
+    let pipe = dns_part(pipeline);
+    let stg = dns_part(stage);
+    let altered = pipe != pipeline || stg != stage || pipe.is_empty() || stg.is_empty();
+    let plain = format!("{pipe}-{stg}-{key8}{suffix}");
+    if !altered && plain.len() <= MAX_TRAINJOB_NAME && starts_with_letter(&plain) {
+        return plain;
+    }
+    // `<p>-<s>-<h6><key8><suffix>`: the hash keeps altered or truncated names distinct.
+    let hash = &blake3::hash(format!("{pipeline}\0{stage}").as_bytes()).to_hex()[..6];
+    let fixed = 1 + 6 + key8.len() + suffix.len(); // "-" + hash + key8 + suffix
+    // Minus the dash between pipeline and stage, and one character kept for a leading letter.
+    let room = MAX_TRAINJOB_NAME - fixed - 2;
+    let (p_len, s_len) = split_room(pipe.len(), stg.len(), room);
+    let p = trim_dashes(&pipe[..p_len]);
+    let s = trim_dashes(&stg[..s_len]);
+    let name = [p, s, &format!("{hash}{key8}{suffix}")]
+        .iter()
+        .filter(|part| !part.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join("-");
+    if starts_with_letter(&name) { name } else { format!("m{name}") }
+}
+
+/// True when `name` is an RFC 1035 label: starts with a letter, `[a-z0-9-]`, no trailing dash.
+pub fn is_rfc1035_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && starts_with_letter(name)
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.ends_with('-')
+}
+
+/// A valid label value standing for `value`: the value itself when it is one, otherwise a
+/// shortened, cleaned form with a hash of the original.
+pub fn label_value(value: &str) -> String {
+    let valid = value.len() <= MAX_LABEL_VALUE
+        && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && value.bytes().next().is_none_or(|b| b.is_ascii_alphanumeric())
+        && value.bytes().last().is_none_or(|b| b.is_ascii_alphanumeric());
+    if valid {
+        return value.to_string();
+    }
+    let hash = &blake3::hash(value.as_bytes()).to_hex()[..8];
+    let cleaned = dns_part(value);
+    let head = trim_dashes(&cleaned[..cleaned.len().min(MAX_LABEL_VALUE - 9)]);
+    if head.is_empty() { hash.to_string() } else { format!("{head}-{hash}") }
+}
+
+/// The first `n` characters of a hex cache key, or of a hash of it when it is not hex.
+pub(crate) fn key_prefix(key: &str, n: usize) -> String {
+    let lower = key.to_ascii_lowercase();
+    if lower.len() >= n && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+        lower[..n].to_string()
+    } else {
+        blake3::hash(key.as_bytes()).to_hex()[..n].to_string()
+    }
+}
+
+/// Lower-cases and maps everything outside `[a-z0-9]` to single dashes.
+pub(crate) fn dns_part(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            out.push(c);
+        } else if !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    trim_dashes(&out).to_string()
+}
+
+fn trim_dashes(s: &str) -> &str {
+    s.trim_matches('-')
+}
+
+fn starts_with_letter(s: &str) -> bool {
+    s.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
+}
+
+/// Shares `room` characters between two parts, giving the shorter one all it needs first.
+fn split_room(a: usize, b: usize, room: usize) -> (usize, usize) {
+    if a + b <= room {
+        return (a, b);
+    }
+    let half = room / 2;
+    if a <= half {
+        (a, room - a)
+    } else if b <= half {
+        (room - b, b)
+    } else {
+        (half, room - half)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_names_are_kept_readable() {
+        assert_eq!(trainjob_name("gpt", "train", "0123456789abcdef", 1), "gpt-train-01234567");
+        assert_eq!(trainjob_name("gpt", "train", "0123456789abcdef", 3), "gpt-train-01234567-a3");
+    }
+
+    #[test]
+    fn altered_names_carry_a_hash() {
+        let a = trainjob_name("gpt_tp2", "train", "0123456789abcdef", 1);
+        let b = trainjob_name("gpt.tp2", "train", "0123456789abcdef", 1);
+        assert_ne!(a, b);
+        assert!(a.starts_with("gpt-tp2-train-"), "{a}");
+    }
+
+    #[test]
+    fn digit_first_pipelines_get_a_letter() {
+        let name = trainjob_name("7b", "convert", "ffffffffffff", 1);
+        assert!(is_rfc1035_label(&name), "{name}");
+    }
+
+    #[test]
+    fn label_values_are_valid() {
+        assert_eq!(label_value("gpt-tp2"), "gpt-tp2");
+        let long = "x".repeat(100);
+        assert!(label_value(&long).len() <= MAX_LABEL_VALUE);
+        assert_eq!(label_value("a/b"), format!("a-b-{}", &blake3::hash(b"a/b").to_hex()[..8]));
+    }
+}

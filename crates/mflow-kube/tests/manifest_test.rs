@@ -1,0 +1,182 @@
+//! TrainJob manifests checked against the real Trainer v2.3 CRD schemas.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use mflow_kube::{
+    is_rfc1035_label, trainjob_manifest, trainjob_name, validate_request, KubeError, KubeOptions, StageRequest,
+    MAX_TRAINJOB_NAME,
+};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use support::schema;
+
+pub fn fixture_request(which: &str) -> StageRequest {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/requests.json")).unwrap();
+    let all: Value = serde_json::from_str(&text).unwrap();
+    let r = &all[which];
+    let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+    let n = |k: &str| r[k].as_u64().unwrap() as u32;
+    StageRequest {
+        pipeline: s("pipeline"),
+        stage: s("stage"),
+        key: s("key"),
+        attempt: n("attempt"),
+        kind: s("kind"),
+        image: s("image"),
+        command: serde_json::from_value(r["command"].clone()).unwrap(),
+        env: serde_json::from_value::<BTreeMap<String, String>>(r["env"].clone()).unwrap(),
+        num_nodes: n("num_nodes"),
+        nproc_per_node: n("nproc_per_node"),
+        gpus_per_node: n("gpus_per_node"),
+        cpus: r["cpus"].as_str().map(String::from),
+        memory: r["memory"].as_str().map(String::from),
+        runtime: s("runtime"),
+        workload_digest: r["workload_digest"].as_str().map(String::from),
+    }
+}
+
+fn options() -> KubeOptions {
+    KubeOptions {
+        namespace: Some("ml".into()),
+        shm_size: Some("16Gi".into()),
+        active_deadline_seconds: Some(86_400),
+        service_account: Some("mflow".into()),
+        ..KubeOptions::default()
+    }
+}
+
+fn trainjob_validator() -> jsonschema::Validator {
+    schema::crd_validator(&schema::crd("trainer.kubeflow.org_trainjobs.yaml"))
+}
+
+#[test]
+fn stage_manifests_validate_against_the_trainjob_crd() {
+    let validator = trainjob_validator();
+    for which in ["train", "convert"] {
+        let manifest = trainjob_manifest(&fixture_request(which), &options());
+        let errors = schema::violations(&validator, &manifest);
+        assert!(errors.is_empty(), "{which}: {errors:#?}");
+        let plain = trainjob_manifest(&fixture_request(which), &KubeOptions::default());
+        let errors = schema::violations(&validator, &plain);
+        assert!(errors.is_empty(), "{which} (default options): {errors:#?}");
+    }
+}
+
+#[test]
+fn the_validator_rejects_what_the_api_server_would() {
+    let validator = trainjob_validator();
+    let good = trainjob_manifest(&fixture_request("train"), &options());
+    let mut typo = good.clone();
+    typo["spec"]["trainer"]["imagee"] = json!("x");
+    assert!(!schema::violations(&validator, &typo).is_empty(), "unknown field accepted");
+    let mut wrong_type = good.clone();
+    wrong_type["spec"]["trainer"]["numNodes"] = json!("two");
+    assert!(!schema::violations(&validator, &wrong_type).is_empty(), "string numNodes accepted");
+    let mut no_runtime = good;
+    no_runtime["spec"].as_object_mut().unwrap().remove("runtimeRef");
+    assert!(!schema::violations(&validator, &no_runtime).is_empty(), "missing runtimeRef accepted");
+}
+
+#[test]
+fn upstream_trainjob_examples_validate() {
+    let validator = trainjob_validator();
+    for file in ["examples/01-multi-node.yaml", "examples/02-runtime-patches.yaml"] {
+        let text = std::fs::read_to_string(schema::kubeflow_dir().join(file)).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value = Value::deserialize(doc).unwrap();
+            if value["kind"] == "TrainJob" {
+                let errors = schema::violations(&validator, &value);
+                assert!(errors.is_empty(), "{file}: {errors:#?}");
+            }
+        }
+    }
+}
+
+use serde::Deserialize;
+
+#[test]
+fn example_runtime_validates_against_the_clustertrainingruntime_crd() {
+    let validator = schema::crd_validator(&schema::crd("trainer.kubeflow.org_clustertrainingruntimes.yaml"));
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/kubernetes/runtime.yaml");
+    let runtime: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let errors = schema::violations(&validator, &runtime);
+    assert!(errors.is_empty(), "{errors:#?}");
+    let pod = &runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"];
+    assert_eq!(pod["backoffLimit"], 0);
+    assert_eq!(pod["template"]["spec"]["restartPolicy"], "Never");
+    // The upstream runtime passes the same check, so the validator is not just permissive.
+    let upstream = schema::load_yaml("runtimes/torch_distributed.yaml");
+    assert!(schema::violations(&validator, &upstream).is_empty());
+    let mut broken = runtime.clone();
+    broken["spec"]["mlPolicy"]["numNodes"] = json!("one");
+    assert!(!schema::violations(&validator, &broken).is_empty());
+}
+
+#[test]
+fn manifest_shape() {
+    insta::assert_json_snapshot!("train_manifest", trainjob_manifest(&fixture_request("train"), &options()));
+    insta::assert_json_snapshot!("convert_manifest", trainjob_manifest(&fixture_request("convert"), &KubeOptions::default()));
+}
+
+#[test]
+fn cpu_stages_pin_one_process_per_node() {
+    // Without numProcPerNode, Trainer would start one process per requested CPU.
+    let manifest = trainjob_manifest(&fixture_request("convert"), &KubeOptions::default());
+    assert_eq!(manifest["spec"]["trainer"]["numProcPerNode"], 1);
+    assert_eq!(manifest["spec"]["trainer"]["numNodes"], 1);
+    assert!(manifest["spec"]["trainer"]["resourcesPerNode"]["limits"].get("nvidia.com/gpu").is_none());
+}
+
+#[test]
+fn reserved_variables_are_refused_before_submission() {
+    let mut req = fixture_request("train");
+    req.env.insert("PET_NODE_RANK".into(), "0".into());
+    let err = validate_request(&req).unwrap_err();
+    assert!(matches!(err, KubeError::ReservedEnv { ref name, .. } if name == "PET_NODE_RANK"), "{err}");
+    let manifest = trainjob_manifest(&req, &KubeOptions::default());
+    assert!(!manifest.to_string().contains("PET_"));
+}
+
+#[test]
+fn bad_requests_name_the_field() {
+    let mut req = fixture_request("train");
+    req.nproc_per_node = 4;
+    let err = validate_request(&req).unwrap_err();
+    assert!(matches!(err, KubeError::BadRequest { ref field, .. } if field == "nproc_per_node"), "{err}");
+    let mut req = fixture_request("convert");
+    req.command.clear();
+    assert!(matches!(validate_request(&req), Err(KubeError::BadRequest { ref field, .. }) if field == "command"));
+}
+
+#[test]
+fn long_names_are_shortened_deterministically() {
+    let key = "0123456789abcdef0123";
+    let name = trainjob_name("a-very-long-pipeline-name-for-llama-finetuning", "evaluate-on-held-out-set", key, 12);
+    assert!(name.len() <= MAX_TRAINJOB_NAME && is_rfc1035_label(&name), "{name}");
+    assert!(name.ends_with("01234567-a12"), "{name}");
+    assert_eq!(name, trainjob_name("a-very-long-pipeline-name-for-llama-finetuning", "evaluate-on-held-out-set", key, 12));
+}
+
+proptest! {
+    #[test]
+    fn names_are_rfc1035_and_short(pipeline in ".{0,80}", stage in ".{0,80}", key in "[0-9a-f]{8,64}|.{0,20}", attempt in 1u32..100_000) {
+        let name = trainjob_name(&pipeline, &stage, &key, attempt);
+        prop_assert!(is_rfc1035_label(&name), "{name:?}");
+        prop_assert!(name.len() <= MAX_TRAINJOB_NAME, "{name:?}");
+        prop_assert_eq!(&name, &trainjob_name(&pipeline, &stage, &key, attempt));
+    }
+
+    #[test]
+    fn stages_of_one_pipeline_get_distinct_names(pipeline in "[a-z][a-z0-9_-]{0,40}", a in "[a-zA-Z0-9_.-]{1,40}", b in "[a-zA-Z0-9_.-]{1,40}", key in "[0-9a-f]{64}") {
+        prop_assume!(a != b);
+        prop_assert_ne!(trainjob_name(&pipeline, &a, &key, 1), trainjob_name(&pipeline, &b, &key, 1));
+    }
+
+    #[test]
+    fn attempts_get_distinct_names(attempt_a in 1u32..1000, attempt_b in 1u32..1000) {
+        prop_assume!(attempt_a != attempt_b);
+        prop_assert_ne!(trainjob_name("p", "s", "abcdef0123", attempt_a), trainjob_name("p", "s", "abcdef0123", attempt_b));
+    }
+}

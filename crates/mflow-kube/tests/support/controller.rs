@@ -1,0 +1,218 @@
+//! A fake Trainer + JobSet + kubelet: moves TrainJobs through their conditions, creates the
+//! trainer pods JobSet would create (names, labels, completion index), writes their logs and
+//! ends them as the scenario says.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use tokio::sync::Notify;
+
+use super::fake_api::Shared;
+
+#[derive(Clone)]
+pub enum Scenario {
+    Succeed,
+    /// Rank `rank` exits with `code`; the Job fails and JobSet removes the other pods.
+    Exit { rank: u32, code: i32 },
+    Oom { rank: u32 },
+    Evicted { rank: u32 },
+    Deadline,
+    /// Suspended by a queue first, then admitted and succeeds.
+    QueuedThenSucceed,
+    /// Runs until the notify is signalled, then succeeds.
+    HoldThenSucceed(Arc<Notify>),
+    /// The image name is invalid: pods wait forever.
+    BadImage,
+}
+
+pub type Picker = Arc<dyn Fn(&Value) -> Scenario + Send + Sync>;
+
+/// Scenario per stage name (label mflow.dev/stage), defaulting to success.
+pub fn by_stage(map: HashMap<&'static str, Scenario>) -> Picker {
+    let map = Arc::new(Mutex::new(map));
+    Arc::new(move |job: &Value| {
+        let stage = job["metadata"]["annotations"]["mflow.dev/stage-name"].as_str().unwrap_or_default();
+        map.lock().unwrap().get(stage).cloned().unwrap_or(Scenario::Succeed)
+    })
+}
+
+pub fn spawn(api: Arc<Shared>, pick: Picker) -> tokio::task::JoinHandle<()> {
+    let mut changes = api.subscribe();
+    tokio::spawn(async move {
+        while let Ok(change) = changes.recv().await {
+            if change.resource == "trainjobs" && change.kind == "ADDED" {
+                let scenario = pick(&change.object);
+                tokio::spawn(run(api.clone(), change.ns.clone(), change.object.clone(), scenario));
+            }
+        }
+    })
+}
+
+const STEP: Duration = Duration::from_millis(25);
+
+fn now() -> &'static str {
+    "2026-01-01T00:00:01Z"
+}
+
+fn condition(ty: &str, status: &str, reason: &str, message: &str) -> Value {
+    json!({"type": ty, "status": status, "reason": reason, "message": message, "lastTransitionTime": now()})
+}
+
+fn set_condition(api: &Shared, ns: &str, name: &str, cond: Value) -> bool {
+    api.modify("trainjobs", ns, name, |job| {
+        let conds = job["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        let mut conds: Vec<Value> = conds.into_iter().filter(|c| c["type"] != cond["type"]).collect();
+        conds.push(cond.clone());
+        job["status"]["conditions"] = json!(conds);
+    })
+}
+
+/// Pod labels as JobSet sets them, plus those of the runtime patches' pod template.
+fn pod_labels(job: &Value, rank: u32) -> Map<String, Value> {
+    let name = job["metadata"]["name"].as_str().unwrap();
+    let mut labels = Map::new();
+    for patch in job["spec"]["runtimePatches"].as_array().into_iter().flatten() {
+        for rj in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"].as_array().into_iter().flatten() {
+            if rj["name"] == "node" {
+                if let Some(l) = rj["template"]["spec"]["template"]["metadata"]["labels"].as_object() {
+                    labels.extend(l.clone());
+                }
+            }
+        }
+    }
+    labels.insert("jobset.sigs.k8s.io/jobset-name".into(), json!(name));
+    labels.insert("jobset.sigs.k8s.io/replicatedjob-name".into(), json!("node"));
+    labels.insert("jobset.sigs.k8s.io/job-index".into(), json!("0"));
+    labels.insert("batch.kubernetes.io/job-completion-index".into(), json!(rank.to_string()));
+    labels.insert("batch.kubernetes.io/job-name".into(), json!(format!("{name}-node-0")));
+    labels
+}
+
+fn container_status(state: Value, restarts: u32) -> Value {
+    json!([{"name": "node", "ready": state.get("running").is_some(), "restartCount": restarts,
+            "image": "mflow:test", "imageID": "", "state": state}])
+}
+
+fn set_pod(api: &Shared, ns: &str, pod: &str, phase: &str, state: Value) -> bool {
+    api.modify("pods", ns, pod, |p| {
+        p["status"]["phase"] = json!(phase);
+        p["status"]["containerStatuses"] = container_status(state.clone(), 0);
+    })
+}
+
+fn terminated(code: i32, reason: &str) -> Value {
+    json!({"terminated": {"exitCode": code, "reason": reason, "startedAt": now(), "finishedAt": now()}})
+}
+
+async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
+    let name = job["metadata"]["name"].as_str().unwrap().to_string();
+    let nodes = job["spec"]["trainer"]["numNodes"].as_u64().unwrap_or(1) as u32;
+    let image = job["spec"]["trainer"]["image"].as_str().unwrap_or_default().to_string();
+    if matches!(scenario, Scenario::QueuedThenSucceed) {
+        set_condition(&api, &ns, &name, condition("Suspended", "True", "Suspended", "TrainJob is suspended"));
+        tokio::time::sleep(STEP * 4).await;
+        set_condition(&api, &ns, &name, condition("Suspended", "False", "Resumed", "TrainJob is resumed"));
+    }
+    let mut pods = Vec::new();
+    for rank in 0..nodes {
+        let pod = format!("{name}-node-0-{rank}-{}", &format!("{:05x}", rank * 7919 + 4242)[..5]);
+        let index = rank.to_string();
+        let obj = json!({
+            "metadata": {"name": pod, "labels": pod_labels(&job, rank),
+                "annotations": {"batch.kubernetes.io/job-completion-index": index}},
+            "spec": {"containers": [{"name": "node", "image": image}], "restartPolicy": "Never",
+                "hostname": format!("{name}-node-0-{rank}"), "subdomain": name},
+            "status": {"phase": "Pending", "containerStatuses": container_status(json!({"waiting": {"reason": "ContainerCreating"}}), 0)},
+        });
+        if api.insert("pods", &ns, obj).is_err() {
+            return;
+        }
+        pods.push(pod);
+    }
+    tokio::time::sleep(STEP).await;
+    if matches!(scenario, Scenario::BadImage) {
+        for pod in &pods {
+            set_pod(&api, &ns, pod, "Pending", json!({"waiting": {"reason": "InvalidImageName",
+                "message": format!("Failed to apply default image tag \"{image}\": couldn't parse image name")}}));
+        }
+        return;
+    }
+    for pod in &pods {
+        set_pod(&api, &ns, pod, "Running", json!({"running": {"startedAt": now()}}));
+    }
+    for step in 0..3 {
+        for (rank, pod) in pods.iter().enumerate() {
+            api.append_log(&ns, pod, &format!("step {step} on node {rank}"));
+        }
+        tokio::time::sleep(STEP).await;
+    }
+    if let Scenario::HoldThenSucceed(release) = &scenario {
+        release.notified().await;
+        for (rank, pod) in pods.iter().enumerate() {
+            api.append_log(&ns, pod, &format!("released node {rank}"));
+        }
+    }
+    let fail_rank = |rank: u32| pods[rank as usize].clone();
+    let failed = |reason: &str, message: &str| {
+        set_condition(&api, &ns, &name, condition("Failed", "True", reason, message));
+    };
+    let drop_others = |keep: &str| {
+        for pod in &pods {
+            if pod != keep {
+                api.close_log(&ns, pod);
+                api.remove("pods", &ns, pod);
+            }
+        }
+    };
+    match scenario {
+        Scenario::Succeed | Scenario::QueuedThenSucceed | Scenario::HoldThenSucceed(_) => {
+            for pod in &pods {
+                api.close_log(&ns, pod);
+                set_pod(&api, &ns, pod, "Succeeded", terminated(0, "Completed"));
+            }
+            tokio::time::sleep(STEP).await;
+            api.modify("trainjobs", &ns, &name, |job| {
+                job["status"]["jobsStatus"] = json!([{"name": "node", "ready": 0, "succeeded": 1, "failed": 0, "active": 0, "suspended": 0}]);
+            });
+            set_condition(&api, &ns, &name, condition("Complete", "True", "AllJobsCompleted", "jobset completed successfully"));
+        }
+        Scenario::Exit { rank, code } => {
+            let pod = fail_rank(rank);
+            api.append_log(&ns, &pod, "Traceback (most recent call last):");
+            api.append_log(&ns, &pod, "ValueError: num_layers must be divisible by pipeline size");
+            api.close_log(&ns, &pod);
+            set_pod(&api, &ns, &pod, "Failed", terminated(code, "Error"));
+            drop_others(&pod);
+            failed("FailedJobs", "jobset failed due to one or more failed jobs");
+        }
+        Scenario::Oom { rank } => {
+            let pod = fail_rank(rank);
+            api.close_log(&ns, &pod);
+            set_pod(&api, &ns, &pod, "Failed", terminated(137, "OOMKilled"));
+            drop_others(&pod);
+            failed("FailedJobs", "jobset failed due to one or more failed jobs");
+        }
+        Scenario::Evicted { rank } => {
+            let pod = fail_rank(rank);
+            api.close_log(&ns, &pod);
+            api.modify("pods", &ns, &pod, |p| {
+                p["status"]["phase"] = json!("Failed");
+                p["status"]["reason"] = json!("Evicted");
+                p["status"]["message"] = json!("The node was low on resource: memory.");
+                p["status"]["conditions"] = json!([{"type": "DisruptionTarget", "status": "True",
+                    "reason": "TerminationByKubelet", "message": "The node was low on resource: memory.",
+                    "lastTransitionTime": now()}]);
+                p["status"]["containerStatuses"] = container_status(terminated(137, "Error"), 0);
+            });
+            drop_others(&pod);
+            failed("FailedJobs", "jobset failed due to one or more failed jobs");
+        }
+        Scenario::Deadline => {
+            failed("DeadlineExceeded", "TrainJob exceeded its active deadline");
+            drop_others("");
+        }
+        Scenario::BadImage => unreachable!(),
+    }
+}

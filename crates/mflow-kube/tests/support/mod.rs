@@ -1,0 +1,4 @@
+#![allow(dead_code)]
+pub mod controller;
+pub mod fake_api;
+pub mod schema;
