@@ -90,6 +90,9 @@ pub struct StageRequest {
     pub runtime: String,
     /// Digest naming the workload ConfigMap (see [`KubeBackend::ensure_workloads`]).
     pub workload_digest: Option<String>,
+    /// Wall-clock limit of the attempt (TrainJob `activeDeadlineSeconds`, whole seconds rounded
+    /// up); overrides [`KubeOptions::active_deadline_seconds`]. Expiry is reported as a timeout.
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// How a stage attempt ended.

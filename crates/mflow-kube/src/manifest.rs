@@ -197,7 +197,8 @@ pub fn trainjob_manifest(req: &StageRequest, opts: &KubeOptions) -> Value {
         "trainer": trainer,
         "runtimePatches": [patch],
     });
-    if let Some(deadline) = opts.active_deadline_seconds {
+    let request_deadline = req.timeout.map(|t| (t.as_secs() + u64::from(t.subsec_nanos() > 0)).max(1) as i64);
+    if let Some(deadline) = request_deadline.or(opts.active_deadline_seconds) {
         spec["activeDeadlineSeconds"] = json!(deadline);
     }
     let mut metadata = json!({"name": name, "labels": labels, "annotations": stage_annotations(req)});

@@ -66,6 +66,7 @@ fn request(stage: &str, kind: &str, nodes: u32) -> StageRequest {
         memory: Some("4Gi".into()),
         runtime: "mflow-torch".into(),
         workload_digest: None,
+        timeout: None,
     }
 }
 
@@ -132,6 +133,18 @@ async fn logs_stream_with_rank_prefixes() {
     }
     // mflow's own lines carry no rank.
     assert!(logs.iter().any(|l| l.rank.is_none() && l.line.starts_with("mflow: submitted TrainJob")));
+}
+
+#[tokio::test]
+async fn logs_follow_a_restarted_container() {
+    let cluster = Cluster::start(HashMap::from([("train", Scenario::RestartThenSucceed { rank: 1 })])).await;
+    let backend = cluster.backend().await;
+    let (outcome, logs) = run(&backend, &request("train", "train", 2)).await;
+    assert_eq!(outcome.unwrap(), Outcome::Succeeded);
+    let rank1: Vec<&str> = logs.iter().filter(|l| l.rank == Some(1)).map(|l| l.line.as_str()).collect();
+    let crash = rank1.iter().position(|l| l.contains("watchdog")).expect("output before the restart");
+    let resumed = rank1.iter().position(|l| *l == "resumed node 1 after restart 1").expect("output after the restart");
+    assert!(crash < resumed, "{rank1:#?}");
 }
 
 #[tokio::test]

@@ -34,6 +34,7 @@ pub fn fixture_request(which: &str) -> StageRequest {
         memory: r["memory"].as_str().map(String::from),
         runtime: s("runtime"),
         workload_digest: r["workload_digest"].as_str().map(String::from),
+        timeout: r["timeout_seconds"].as_u64().map(std::time::Duration::from_secs),
     }
 }
 

@@ -23,6 +23,9 @@ pub enum Scenario {
     QueuedThenSucceed,
     /// Runs until the notify is signalled, then succeeds.
     HoldThenSucceed(Arc<Notify>),
+    /// The container of `rank` crashes once and is restarted in place by the kubelet (as with
+    /// `restartPolicy: OnFailure` in `torch-distributed`), then all ranks succeed.
+    RestartThenSucceed { rank: u32 },
     /// The image name is invalid: pods wait forever.
     BadImage,
 }
@@ -96,9 +99,10 @@ fn container_status(state: Value, restarts: u32) -> Value {
 }
 
 fn set_pod(api: &Shared, ns: &str, pod: &str, phase: &str, state: Value) -> bool {
+    let restarts = api.inner.lock().unwrap().restarts.get(&(ns.to_string(), pod.to_string())).copied().unwrap_or(0);
     api.modify("pods", ns, pod, |p| {
         p["status"]["phase"] = json!(phase);
-        p["status"]["containerStatuses"] = container_status(state.clone(), 0);
+        p["status"]["containerStatuses"] = container_status(state.clone(), restarts);
     })
 }
 
@@ -154,6 +158,19 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
             api.append_log(&ns, pod, &format!("released node {rank}"));
         }
     }
+    if let Scenario::RestartThenSucceed { rank } = &scenario {
+        let pod = pods[*rank as usize].clone();
+        api.append_log(&ns, &pod, "NCCL watchdog timeout; exiting");
+        let restarts = api.restart_container(&ns, &pod);
+        api.modify("pods", &ns, &pod, |p| {
+            p["status"]["containerStatuses"] = json!([{"name": "node", "ready": true, "restartCount": restarts,
+                "image": "mflow:test", "imageID": "", "state": {"running": {"startedAt": now()}},
+                "lastState": terminated(1, "Error")}]);
+        });
+        tokio::time::sleep(STEP).await;
+        api.append_log(&ns, &pod, &format!("resumed node {rank} after restart {restarts}"));
+        tokio::time::sleep(STEP).await;
+    }
     let fail_rank = |rank: u32| pods[rank as usize].clone();
     let failed = |reason: &str, message: &str| {
         set_condition(&api, &ns, &name, condition("Failed", "True", reason, message));
@@ -167,7 +184,10 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
         }
     };
     match scenario {
-        Scenario::Succeed | Scenario::QueuedThenSucceed | Scenario::HoldThenSucceed(_) => {
+        Scenario::Succeed
+        | Scenario::QueuedThenSucceed
+        | Scenario::HoldThenSucceed(_)
+        | Scenario::RestartThenSucceed { .. } => {
             for pod in &pods {
                 api.close_log(&ns, pod);
                 set_pod(&api, &ns, pod, "Succeeded", terminated(0, "Completed"));

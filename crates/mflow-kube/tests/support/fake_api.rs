@@ -44,7 +44,10 @@ pub struct Inner {
     history: Vec<Change>,
     /// (verb, resource) pairs the caller is not allowed; resource may be `pods/log`.
     pub denied: HashSet<(String, String)>,
-    pub logs: HashMap<(String, String), PodLog>,
+    /// Output of each container instance: (namespace, pod, restart count).
+    pub logs: HashMap<(String, String, u32), PodLog>,
+    /// Restart count of each pod's `node` container.
+    pub restarts: HashMap<(String, String), u32>,
     /// `METHOD path` of every request, for assertions.
     pub requests: Vec<String>,
     pub trainer_installed: bool,
@@ -167,14 +170,30 @@ impl Shared {
         Some(obj)
     }
 
+    fn current_log(inner: &mut Inner, ns: &str, pod: &str) -> (String, String, u32) {
+        let restarts = inner.restarts.get(&(ns.to_string(), pod.to_string())).copied().unwrap_or(0);
+        (ns.to_string(), pod.to_string(), restarts)
+    }
+
     pub fn append_log(&self, ns: &str, pod: &str, line: &str) {
         let mut inner = self.inner.lock().unwrap();
-        inner.logs.entry((ns.into(), pod.into())).or_default().lines.push(line.into());
+        let key = Self::current_log(&mut inner, ns, pod);
+        inner.logs.entry(key).or_default().lines.push(line.into());
     }
 
     pub fn close_log(&self, ns: &str, pod: &str) {
         let mut inner = self.inner.lock().unwrap();
-        inner.logs.entry((ns.into(), pod.into())).or_default().closed = true;
+        let key = Self::current_log(&mut inner, ns, pod);
+        inner.logs.entry(key).or_default().closed = true;
+    }
+
+    /// The container restarts: its log so far ends and a new one begins.
+    pub fn restart_container(&self, ns: &str, pod: &str) -> u32 {
+        self.close_log(ns, pod);
+        let mut inner = self.inner.lock().unwrap();
+        let count = inner.restarts.entry((ns.to_string(), pod.to_string())).or_insert(0);
+        *count += 1;
+        *count
     }
 
     pub fn deny(&self, verb: &str, resource: &str) {
@@ -253,6 +272,7 @@ impl FakeApi {
                 history: Vec::new(),
                 denied: HashSet::new(),
                 logs: HashMap::new(),
+                restarts: HashMap::new(),
                 requests: Vec::new(),
                 trainer_installed: true,
             }),
@@ -632,7 +652,9 @@ async fn pod_log(shared: Arc<Shared>, target: &Target, query: &HashMap<String, S
         return respond(StatusCode::BAD_REQUEST, status_body(StatusCode::BAD_REQUEST, "BadRequest", &msg));
     }
     let follow = matches!(query.get("follow").map(String::as_str), Some("true" | "1"));
-    let key = (target.ns.clone(), name);
+    // Like the kubelet: the log of the container instance running when the request came in.
+    let restarts = shared.inner.lock().unwrap().restarts.get(&(target.ns.clone(), name.clone())).copied().unwrap_or(0);
+    let key = (target.ns.clone(), name, restarts);
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     tokio::spawn(async move {
         let mut sent = 0;
