@@ -211,7 +211,11 @@ impl KubeBackend {
                             seen_pods.insert(pod_name, pod);
                         }
                         let running = seen_pods.values().filter(|p| phase(p) == "Running").count();
-                        let state = if running > 0 { format!("running on {running}/{} nodes", req.num_nodes) } else { "pending".into() };
+                        let state = match (running, seen_pods.values().find_map(unschedulable)) {
+                            (0, Some(why)) => format!("pending: cannot be scheduled yet ({why})"),
+                            (0, None) => "pending".into(),
+                            _ => format!("running on {running}/{} nodes", req.num_nodes),
+                        };
                         if last_state.as_deref() != Some(state.as_str()) {
                             say.line(format!("TrainJob {name} {state}")).await;
                             last_state = Some(state);
@@ -244,6 +248,12 @@ impl KubeBackend {
         tracing::warn!(trainjob = name, "watch of {resource} interrupted, retrying: {err}");
         Ok(())
     }
+}
+
+/// The scheduler's reason for not placing a pod (missing GPUs, taints, ...).
+fn unschedulable(pod: &Pod) -> Option<String> {
+    let cond = pod.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "PodScheduled")?;
+    (cond.status == "False").then(|| cond.message.clone().or_else(|| cond.reason.clone()).unwrap_or_default())
 }
 
 fn phase(pod: &Pod) -> &str {

@@ -355,6 +355,18 @@ async fn suspended_trainjobs_are_shown_as_queued() {
 }
 
 #[tokio::test]
+async fn unschedulable_pods_say_why() {
+    let cluster = Cluster::start(HashMap::from([("train", Scenario::UnschedulableThenSucceed)])).await;
+    let backend = cluster.backend().await;
+    let (outcome, logs) = run(&backend, &request("train", "train", 2)).await;
+    assert_eq!(outcome.unwrap(), Outcome::Succeeded);
+    assert!(
+        logs.iter().any(|l| l.rank.is_none() && l.line.contains("cannot be scheduled yet (0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)")),
+        "{logs:#?}"
+    );
+}
+
+#[tokio::test]
 async fn the_cache_index_lives_in_configmaps() {
     let cluster = Cluster::start(HashMap::new()).await;
     let backend = cluster.backend().await;

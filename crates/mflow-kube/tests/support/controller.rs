@@ -26,6 +26,8 @@ pub enum Scenario {
     /// The container of `rank` crashes once and is restarted in place by the kubelet (as with
     /// `restartPolicy: OnFailure` in `torch-distributed`), then all ranks succeed.
     RestartThenSucceed { rank: u32 },
+    /// The pods wait for GPUs for a while before they are scheduled, then succeed.
+    UnschedulableThenSucceed,
     /// The image name is invalid: pods wait forever.
     BadImage,
 }
@@ -136,6 +138,20 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
         pods.push(pod);
     }
     tokio::time::sleep(STEP).await;
+    if matches!(scenario, Scenario::UnschedulableThenSucceed) {
+        for pod in &pods {
+            api.modify("pods", &ns, pod, |p| {
+                p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.", "lastTransitionTime": now()}]);
+            });
+        }
+        tokio::time::sleep(STEP * 4).await;
+        for pod in &pods {
+            api.modify("pods", &ns, pod, |p| {
+                p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}]);
+            });
+        }
+    }
     if matches!(scenario, Scenario::BadImage) {
         for pod in &pods {
             set_pod(&api, &ns, pod, "Pending", json!({"waiting": {"reason": "InvalidImageName",
@@ -187,7 +203,8 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
         Scenario::Succeed
         | Scenario::QueuedThenSucceed
         | Scenario::HoldThenSucceed(_)
-        | Scenario::RestartThenSucceed { .. } => {
+        | Scenario::RestartThenSucceed { .. }
+        | Scenario::UnschedulableThenSucceed => {
             for pod in &pods {
                 api.close_log(&ns, pod);
                 set_pod(&api, &ns, pod, "Succeeded", terminated(0, "Completed"));
