@@ -182,3 +182,61 @@ fn terminated(pod: &Pod) -> Vec<(String, k8s_openapi::api::core::v1::ContainerSt
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(rank: u32, status: Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("job-node-0-{rank}-abcde"),
+                         "labels": {"batch.kubernetes.io/job-completion-index": rank.to_string()}},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn exited(code: i32, reason: &str) -> Value {
+        json!({"phase": "Failed", "containerStatuses": [{"name": "node", "ready": false, "restartCount": 0,
+            "image": "i", "imageID": "", "state": {"terminated": {"exitCode": code, "reason": reason}}}]})
+    }
+
+    #[test]
+    fn the_rank_that_failed_is_blamed_not_the_ones_torn_down() {
+        let pods = [pod(0, exited(143, "Error")), pod(1, exited(2, "Error")), pod(2, exited(137, "Error"))];
+        let (class, message) = classify_failure("FailedJobs", "", &pods);
+        assert_eq!(class, FailureClass::User);
+        assert_eq!(message, "rank 1: container node exited with code 2 (and 2 more)");
+    }
+
+    #[test]
+    fn preemption_outranks_the_exit_codes_it_caused() {
+        let mut preempted = exited(143, "Error");
+        preempted["conditions"] = json!([{"type": "DisruptionTarget", "status": "True",
+            "reason": "PreemptionByScheduler", "message": "Preempted by a higher priority pod"}]);
+        let pods = [pod(0, exited(1, "Error")), pod(1, preempted)];
+        let (class, message) = classify_failure("FailedJobs", "", &pods);
+        assert_eq!(class, FailureClass::Infra);
+        assert!(message.starts_with("rank 1: pod disrupted (PreemptionByScheduler)"), "{message}");
+    }
+
+    #[test]
+    fn a_failure_without_evidence_counts_as_infra_and_a_deadline_as_timeout() {
+        assert_eq!(classify_failure("FailedJobs", "jobset failed", &[]).0, FailureClass::Infra);
+        assert_eq!(classify_failure("DeadlineExceeded", "", &[pod(0, exited(1, "Error"))]).0, FailureClass::Timeout);
+    }
+
+    #[test]
+    fn conditions_give_the_state() {
+        let job = |conds: Value| json!({"status": {"conditions": conds}});
+        assert_eq!(job_state(&json!({})), JobState::Active);
+        assert_eq!(job_state(&job(json!([{"type": "Suspended", "status": "True"}]))), JobState::Queued);
+        assert_eq!(job_state(&job(json!([{"type": "Suspended", "status": "False"}]))), JobState::Active);
+        assert_eq!(job_state(&job(json!([{"type": "Complete", "status": "True"}]))), JobState::Complete);
+        assert!(matches!(
+            job_state(&job(json!([{"type": "Suspended", "status": "False"}, {"type": "Failed", "status": "True", "reason": "FailedJobs"}]))),
+            JobState::Failed { ref reason, .. } if reason == "FailedJobs"
+        ));
+    }
+}
