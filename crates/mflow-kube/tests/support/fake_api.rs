@@ -108,11 +108,10 @@ impl Shared {
         let mut inner = self.inner.lock().unwrap();
         let id = (resource.to_string(), ns.to_string(), name.clone());
         if inner.objects.contains_key(&id) {
-            let (kind, _) = kind_of(resource);
-            let msg = format!("{}.{} \"{name}\" already exists", resource, group_of(resource));
-            let mut body = status_body(StatusCode::CONFLICT, "AlreadyExists", msg.trim_start_matches('.'));
-            body["details"] = json!({"name": name, "kind": resource, "group": group_of(resource)});
-            let _ = kind;
+            let group = group_of(resource);
+            let what = if group.is_empty() { resource.to_string() } else { format!("{resource}.{group}") };
+            let mut body = status_body(StatusCode::CONFLICT, "AlreadyExists", &format!("{what} \"{name}\" already exists"));
+            body["details"] = json!({"name": name, "kind": resource, "group": group});
             return Err((StatusCode::CONFLICT, body));
         }
         inner.rv += 1;
@@ -332,9 +331,8 @@ fn not_found(resource: &str, name: &str) -> Response {
     respond(StatusCode::NOT_FOUND, body)
 }
 
-/// Parsed request path: group/version, namespace, resource, name, subresource.
+/// Parsed request path: namespace, resource, name, subresource.
 struct Target {
-    gv: String,
     ns: String,
     resource: String,
     name: Option<String>,
@@ -349,7 +347,7 @@ fn parse_path(path: &str) -> Option<Result<Target, String>> {
         _ => return None,
     };
     let t = |ns: &str, r: &str, n: Option<&str>, s: Option<&str>| {
-        Some(Ok(Target { gv: gv.clone(), ns: ns.into(), resource: r.into(), name: n.map(Into::into), sub: s.map(Into::into) }))
+        Some(Ok(Target { ns: ns.into(), resource: r.into(), name: n.map(Into::into), sub: s.map(Into::into) }))
     };
     match rest.as_slice() {
         [] => Some(Err(gv.clone())),
@@ -408,7 +406,6 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         body["details"] = json!({"group": group, "kind": target.resource});
         return respond(StatusCode::FORBIDDEN, body);
     }
-    let _ = &target.gv;
     match (verb, target.sub.as_deref()) {
         ("get", Some("log")) => pod_log(shared, &target, &query).await,
         ("watch", _) => watch_stream(shared, &target, &query),
