@@ -265,6 +265,31 @@ async fn missing_permissions_are_named() {
 }
 
 #[tokio::test]
+async fn the_rbac_example_grants_all_mflow_needs() {
+    let cluster = Cluster::start(HashMap::from([("user", Scenario::Exit { rank: 0, code: 1 })])).await;
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/kubernetes/rbac.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&text).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect();
+    cluster.api.shared.enforce_rbac(&docs);
+    let backend = cluster.backend().await;
+    // Reading the CRD is not granted: the version check is skipped, the rest must pass.
+    backend.preflight().await.expect("preflight under the example RBAC");
+    for (stage, nodes) in [("convert", 1), ("train", 2)] {
+        assert_eq!(run(&backend, &request(stage, stage, nodes)).await.0.unwrap(), Outcome::Succeeded);
+    }
+    assert_eq!(failed(run(&backend, &request("user", "train", 1)).await.0.unwrap()).0, FailureClass::User);
+    backend.ensure_workloads("abcdef0123456789", &BTreeMap::from([("mflow_workloads/a.py".to_string(), String::new())])).await.unwrap();
+    let entry = CacheEntry { stage: "convert".into(), kind: "convert".into(), output: "o".into(), digest: None, bytes: None, created: "2026-11-30T00:00:00Z".into(), extra: BTreeMap::new() };
+    backend.cache_put("gpt-tp2", "00ff", &entry).await.unwrap();
+    backend.cache_put("gpt-tp2", "00ff", &entry).await.unwrap();
+    assert_eq!(backend.cache_list("gpt-tp2").await.unwrap().len(), 1);
+    // And it grants no more than the documented verbs on TrainJobs.
+    let role = docs.iter().find(|d| d["kind"] == "Role").unwrap();
+    let trainjob_rule = role["rules"].as_array().unwrap().iter().find(|r| r["resources"] == json!(["trainjobs"])).unwrap();
+    assert_eq!(trainjob_rule["verbs"], json!(["create", "get", "list", "watch", "delete"]));
+}
+
+#[tokio::test]
 async fn a_denied_pod_watch_is_a_permission_error() {
     let cluster = Cluster::start(HashMap::new()).await;
     cluster.api.shared.deny("list", "pods");

@@ -44,6 +44,8 @@ pub struct Inner {
     history: Vec<Change>,
     /// (verb, resource) pairs the caller is not allowed; resource may be `pods/log`.
     pub denied: HashSet<(String, String)>,
+    /// When set, only these (verb, resource) pairs are allowed (an RBAC policy).
+    pub allowed: Option<HashSet<(String, String)>>,
     /// Output of each container instance: (namespace, pod, restart count).
     pub logs: HashMap<(String, String, u32), PodLog>,
     /// Restart count of each pod's `node` container.
@@ -199,6 +201,26 @@ impl Shared {
         self.inner.lock().unwrap().denied.insert((verb.into(), resource.into()));
     }
 
+    /// Enforces the rules of RBAC Role and ClusterRole documents: everything else is forbidden.
+    pub fn enforce_rbac(&self, roles: &[Value]) {
+        let mut allowed = HashSet::new();
+        for role in roles.iter().filter(|r| r["kind"] == "Role" || r["kind"] == "ClusterRole") {
+            for rule in role["rules"].as_array().into_iter().flatten() {
+                for resource in rule["resources"].as_array().into_iter().flatten() {
+                    for verb in rule["verbs"].as_array().into_iter().flatten() {
+                        allowed.insert((verb.as_str().unwrap().to_string(), resource.as_str().unwrap().to_string()));
+                    }
+                }
+            }
+        }
+        self.inner.lock().unwrap().allowed = Some(allowed);
+    }
+
+    fn is_allowed(inner: &Inner, verb: &str, resource: &str) -> bool {
+        let key = (verb.to_string(), resource.to_string());
+        !inner.denied.contains(&key) && inner.allowed.as_ref().is_none_or(|a| a.contains(&key))
+    }
+
     pub fn count_requests(&self, prefix: &str) -> usize {
         self.inner.lock().unwrap().requests.iter().filter(|r| r.starts_with(prefix)).count()
     }
@@ -270,6 +292,7 @@ impl FakeApi {
                 objects: BTreeMap::new(),
                 history: Vec::new(),
                 denied: HashSet::new(),
+                allowed: None,
                 logs: HashMap::new(),
                 restarts: HashMap::new(),
                 requests: Vec::new(),
@@ -395,7 +418,7 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         Some(sub) => format!("{}/{sub}", target.resource),
         None => target.resource.clone(),
     };
-    if shared.inner.lock().unwrap().denied.contains(&(verb.to_string(), full_resource.clone())) {
+    if !Shared::is_allowed(&shared.inner.lock().unwrap(), verb, &full_resource) {
         let group = group_of(&target.resource);
         let what = if group.is_empty() { target.resource.clone() } else { format!("{}.{group}", target.resource) };
         let msg = format!(
@@ -450,7 +473,7 @@ fn access_review(shared: &Shared, body: &Bytes) -> Response {
         resource = format!("{resource}/{sub}");
     }
     let verb = attrs["verb"].as_str().unwrap_or_default().to_string();
-    let allowed = !shared.inner.lock().unwrap().denied.contains(&(verb, resource));
+    let allowed = Shared::is_allowed(&shared.inner.lock().unwrap(), &verb, &resource);
     review["status"] = json!({"allowed": allowed});
     review["apiVersion"] = json!("authorization.k8s.io/v1");
     review["kind"] = json!("SelfSubjectAccessReview");
