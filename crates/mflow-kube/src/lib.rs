@@ -25,6 +25,9 @@
 //!   object that mflow did not create for this stage is never touched ([`KubeError::ForeignObject`]).
 //! * Progress: besides pod log lines (with `rank`), `run` sends state changes as lines with
 //!   `rank: None` starting with `mflow:` (submitted, queued, running, finished).
+//! * Log lines longer than 64 KiB are cut; the rest of such a line is dropped.
+//! * `StageRequest::timeout` (or [`KubeOptions::active_deadline_seconds`]) becomes the TrainJob's
+//!   `activeDeadlineSeconds`; expiry ends as `Failed { class: Timeout }`.
 //! * Cancelling the token deletes the TrainJob and returns `Failed { class: Cancelled }`.
 //! * The stage sees the artifact claim at [`ARTIFACT_MOUNT`] (`/mflow`): the engine must give
 //!   `MFLOW_OUTPUT`, `MFLOW_INPUT_*`, `MFLOW_SCRATCH`, `MFLOW_PROGRESS`... as paths below it.

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use futures::{AsyncBufReadExt, StreamExt};
+use futures::{AsyncBufRead, AsyncBufReadExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, LogParams};
 use tokio::sync::mpsc;
@@ -13,6 +13,10 @@ use crate::classify::{node_container_started, pod_rank};
 use crate::error::api_status;
 use crate::manifest::NODE;
 use crate::LogLine;
+
+/// Longest log line passed on; the rest of a longer line is dropped, so a stage that prints
+/// without newlines cannot exhaust mflow's memory.
+pub(crate) const MAX_LINE: usize = 64 * 1024;
 
 /// Starts one log stream per started container instance (pod uid + restart count).
 pub(crate) struct LogFollower {
@@ -58,8 +62,8 @@ async fn follow(pods: Api<Pod>, name: String, rank: Option<u32>, tx: mpsc::Sende
     for attempt in 0..20u64 {
         match pods.log_stream(&name, &params).await {
             Ok(stream) => {
-                let mut lines = stream.lines();
-                while let Some(Ok(line)) = lines.next().await {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(line) = next_line(&mut stream, MAX_LINE).await {
                     if tx.send(LogLine { rank, line }).await.is_err() {
                         return;
                     }
@@ -75,5 +79,55 @@ async fn follow(pods: Api<Pod>, name: String, rank: Option<u32>, tx: mpsc::Sende
                 return;
             }
         }
+    }
+}
+
+/// The next line of `reader` without its newline, cut to `max` bytes; `None` at the end or on a
+/// read error.
+pub(crate) async fn next_line<R: AsyncBufRead + Unpin>(reader: &mut R, max: usize) -> Option<String> {
+    let mut line = Vec::new();
+    let mut saw_any = false;
+    loop {
+        let buf = match reader.fill_buf().await {
+            Ok(buf) => buf,
+            Err(_) => return saw_any.then(|| finish(line)),
+        };
+        if buf.is_empty() {
+            return saw_any.then(|| finish(line));
+        }
+        saw_any = true;
+        let (chunk, used, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], i + 1, true),
+            None => (buf, buf.len(), false),
+        };
+        let room = max.saturating_sub(line.len());
+        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        reader.consume_unpin(used);
+        if done {
+            return Some(finish(line));
+        }
+    }
+}
+
+fn finish(mut line: Vec<u8>) -> String {
+    if line.last() == Some(&b'\r') {
+        line.pop();
+    }
+    String::from_utf8_lossy(&line).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_are_split_and_bounded() {
+        let text = format!("one\r\ntwo\n{}\nlast", "x".repeat(100));
+        let mut reader = futures::io::Cursor::new(text.into_bytes());
+        let mut lines = Vec::new();
+        while let Some(line) = next_line(&mut reader, 10).await {
+            lines.push(line);
+        }
+        assert_eq!(lines, ["one", "two", "xxxxxxxxxx", "last"]);
     }
 }
