@@ -181,3 +181,12 @@ proptest! {
         prop_assert_ne!(trainjob_name("p", "s", "abcdef0123", attempt_a), trainjob_name("p", "s", "abcdef0123", attempt_b));
     }
 }
+
+#[test]
+fn example_pvc_is_the_default_claim_and_shared() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/kubernetes/pvc.yaml");
+    let value: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let pvc: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(value).unwrap();
+    assert_eq!(pvc.metadata.name.as_deref(), Some(mflow_kube::DEFAULT_PVC));
+    assert_eq!(pvc.spec.unwrap().access_modes.unwrap(), ["ReadWriteMany"]);
+}
