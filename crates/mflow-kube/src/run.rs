@@ -190,6 +190,8 @@ impl KubeBackend {
                         follower.abort();
                         return Ok(Outcome::Failed { class: FailureClass::Infra, message: format!("TrainJob {name} was deleted while running") });
                     }
+                    // A (re-)list that no longer contains the TrainJob: it was deleted meanwhile.
+                    Some(Ok(Event::Init)) => job_seen = false,
                     Some(Ok(Event::InitDone)) if !job_seen => {
                         follower.abort();
                         return Ok(Outcome::Failed { class: FailureClass::Infra, message: format!("TrainJob {name} disappeared before it finished") });

@@ -368,6 +368,29 @@ async fn cancelling_deletes_the_trainjob() {
 }
 
 #[tokio::test]
+async fn a_trainjob_deleted_by_someone_else_is_an_infra_failure() {
+    let release = Arc::new(Notify::new());
+    let cluster = Cluster::start(HashMap::from([("train", Scenario::HoldThenSucceed(release))])).await;
+    let backend = cluster.backend().await;
+    let req = request("train", "train", 1);
+    let name = trainjob_name(&req.pipeline, &req.stage, &req.key, 1);
+    let (tx, mut rx) = mpsc::channel::<LogLine>(1024);
+    let shared = cluster.api.shared.clone();
+    let doomed = name.clone();
+    tokio::spawn(async move {
+        while let Some(line) = rx.recv().await {
+            if line.rank.is_some() {
+                shared.remove("trainjobs", NS, &doomed);
+            }
+        }
+    });
+    let outcome = tokio::time::timeout(LIMIT, backend.run(&req, tx, CancellationToken::new())).await.unwrap().unwrap();
+    let (class, message) = failed(outcome);
+    assert_eq!(class, FailureClass::Infra);
+    assert!(message.contains("deleted"), "{message}");
+}
+
+#[tokio::test]
 async fn suspended_trainjobs_are_shown_as_queued() {
     let cluster = Cluster::start(HashMap::from([("train", Scenario::QueuedThenSucceed)])).await;
     let backend = cluster.backend().await;
