@@ -11,6 +11,10 @@ pub enum CkptError {
     #[diagnostic(transparent)]
     Safetensors(#[from] StError),
 
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Hub(#[from] crate::hub::HubError),
+
     #[error("{path}: {source}")]
     #[diagnostic(code(mflow::ckpt::io), help("check the path and its permissions, and that the disk is not full"))]
     Io { path: String, source: std::io::Error },

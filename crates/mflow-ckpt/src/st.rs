@@ -182,6 +182,16 @@ impl StFile {
         &self.mmap[meta.start..meta.end]
     }
 
+    /// Asks the kernel to start reading this range now, in large requests, instead of page by
+    /// page as faults arrive (much faster on disks that do badly with small reads).
+    pub fn prefetch(&self, meta: &TensorMeta) {
+        let page = 4096;
+        let start = meta.start / page * page;
+        if meta.end > start {
+            let _ = self.mmap.advise_range(memmap2::Advice::WillNeed, start, meta.end - start);
+        }
+    }
+
     /// Lets the kernel drop this range from our resident set; the page cache keeps it.
     pub fn release(&self, meta: &TensorMeta) {
         let page = 4096;

@@ -50,7 +50,17 @@ pub fn write_file(
     file.write_all(&header).map_err(io(path))?;
     hasher.update(&header);
     let mut buf = Vec::new();
-    for t in tensors {
+    let prefetch = |t: Option<&TensorPlan>| {
+        for p in t.map(|t| &t.pieces[..]).unwrap_or(&[]) {
+            if let Some((f, m)) = p.src.as_deref().and_then(|k| sources.get(k)) {
+                f.prefetch(m);
+            }
+        }
+    };
+    prefetch(tensors.first());
+    for (i, t) in tensors.iter().enumerate() {
+        // Keep the disk busy with the next tensor while this one is assembled.
+        prefetch(tensors.get(i + 1));
         let (rows, cols) = matrix(&t.shape);
         let row_bytes = cols * dtype.size() as u64;
         let step = (CHUNK_BYTES / row_bytes.max(1)).max(1);
