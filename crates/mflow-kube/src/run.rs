@@ -166,18 +166,14 @@ impl KubeBackend {
                             }
                             JobState::Active => {}
                             JobState::Complete => {
+                                // Pods may have started and finished between two pod events.
+                                refresh_pods(&pods_api, &selector, &mut seen_pods, &mut follower).await;
                                 follower.drain(self.opts.log_drain).await;
                                 say.line(format!("TrainJob {name} completed")).await;
                                 return Ok(Outcome::Succeeded);
                             }
                             JobState::Failed { reason, message } => {
-                                if let Ok(list) = pods_api.list(&ListParams::default().labels(&selector)).await {
-                                    for pod in list.items {
-                                        if let Some(pod_name) = pod.metadata.name.clone() {
-                                            seen_pods.insert(pod_name, pod);
-                                        }
-                                    }
-                                }
+                                refresh_pods(&pods_api, &selector, &mut seen_pods, &mut follower).await;
                                 follower.drain(self.opts.log_drain).await;
                                 let pods: Vec<Pod> = seen_pods.into_values().collect();
                                 let (class, why) = classify_failure(&reason, &message, &pods);
@@ -249,6 +245,18 @@ impl KubeBackend {
         }
         tracing::warn!(trainjob = name, "watch of {resource} interrupted, retrying: {err}");
         Ok(())
+    }
+}
+
+/// Reads the pods once more at the end: their last status explains a failure, and a pod that
+/// ran between two watch events still gets its logs streamed.
+async fn refresh_pods(api: &Api<Pod>, selector: &str, seen: &mut BTreeMap<String, Pod>, follower: &mut LogFollower) {
+    let Ok(list) = api.list(&ListParams::default().labels(selector)).await else { return };
+    for pod in list.items {
+        follower.observe(&pod);
+        if let Some(name) = pod.metadata.name.clone() {
+            seen.insert(name, pod);
+        }
     }
 }
 
