@@ -187,6 +187,7 @@ impl Staging {
         let name = dst.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
         let parent = dst.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent).map_err(io(parent))?;
+        remove_abandoned(parent, &name);
         let dir = parent.join(format!(".{name}.staging-{}", std::process::id()));
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
@@ -203,6 +204,23 @@ impl Staging {
         std::fs::rename(&self.dir, &self.dst).map_err(io(&self.dst))?;
         self.committed = true;
         Ok(())
+    }
+}
+
+/// Removes staging directories for `name` left by processes that were killed (their pid is
+/// gone), so interrupted runs do not pile up next to the destination.
+fn remove_abandoned(parent: &Path, name: &str) {
+    if !Path::new("/proc/self").exists() {
+        return; // no way to tell live processes from dead ones here
+    }
+    let prefix = format!(".{name}.staging-");
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
     }
 }
 

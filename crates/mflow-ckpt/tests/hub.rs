@@ -177,7 +177,6 @@ fn sha256_mismatch_is_refused() {
 
 #[test]
 fn unknown_model_and_bad_references_are_refused() {
-    let tmp = tempfile::tempdir().unwrap();
     let hub = Arc::new(Hub { files: BTreeMap::new(), wrong_sha: None, truncate_once: Mutex::new(None), seen: Mutex::new(Vec::new()) });
     let cfg = config(serve(hub));
     let err = resolve_with(&cfg, "hf://org/missing@v1").unwrap_err();
