@@ -1,0 +1,260 @@
+//! `[schedule]`: Kubernetes objects that run a spec on a cron schedule. A CronJob runs
+//! `mflow run` on the spec (shipped in a ConfigMap) with its workdir on the artifacts PVC; a
+//! ServiceAccount with least-privilege RBAC lets it create TrainJobs and follow their pods.
+//! `mflow schedule apply` applies the same objects with server-side apply.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, JobSpec, JobTemplateSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, ConfigMapVolumeSource, Container, EnvVar, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ServiceAccount, Volume, VolumeMount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::{Map, Value as Json};
+
+use super::CiError;
+use crate::spec::Spec;
+
+/// Where the CronJob mounts the artifacts PVC and the spec ConfigMap.
+const ARTIFACTS: &str = "/mflow";
+const SPEC_MOUNT: &str = "/etc/mflow";
+
+/// Every object of a schedule, in apply order.
+pub struct Objects {
+    pub service_account: ServiceAccount,
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    pub cluster_role: ClusterRole,
+    pub cluster_role_binding: ClusterRoleBinding,
+    pub config_map: ConfigMap,
+    pub cron_job: CronJob,
+}
+
+impl Objects {
+    /// Multi-document YAML, one object per document.
+    pub fn to_yaml(&self) -> String {
+        let docs = [
+            to_yaml(&self.service_account),
+            to_yaml(&self.role),
+            to_yaml(&self.role_binding),
+            to_yaml(&self.cluster_role),
+            to_yaml(&self.cluster_role_binding),
+            to_yaml(&self.config_map),
+            to_yaml(&self.cron_job),
+        ];
+        docs.iter().map(|d| format!("---\n{d}")).collect()
+    }
+}
+
+fn to_yaml<T: serde::Serialize>(v: &T) -> String {
+    serde_yaml::to_string(v).expect("Kubernetes objects serialize")
+}
+
+/// A DNS-1123 label from the pipeline name, short enough for a CronJob (52 characters).
+pub fn object_name(pipeline: &str) -> String {
+    let mut s: String = pipeline.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    s = format!("mflow-{s}");
+    s.truncate(52);
+    s.trim_end_matches('-').to_string()
+}
+
+pub fn render(spec: &Spec, namespace: &str) -> Result<Objects, CiError> {
+    let sched = spec.schedule.as_ref().ok_or_else(|| CiError::Schedule { message: "the spec has no [schedule] section".into(), help: "add [schedule] with cron = \"0 3 * * *\"".into() })?;
+    let cron = str_of(sched, "cron").unwrap_or_default();
+    check_cron(&cron)?;
+    let time_zone = str_of(sched, "timezone");
+    if let Some(tz) = &time_zone {
+        jiff::tz::TimeZone::get(tz).map_err(|_| CiError::Schedule { message: format!("timezone `{tz}` is not an IANA time zone"), help: "use a name like \"Europe/Berlin\" or \"UTC\"".into() })?;
+    }
+    let service_account = str_of(sched, "service_account").unwrap_or_else(|| "mflow".into());
+    let deadline = match str_of(sched, "starting_deadline") {
+        Some(d) => humantime::parse_duration(&d).map_err(|e| CiError::Schedule { message: format!("starting_deadline `{d}`: {e}"), help: "write a duration such as \"1h\"".into() })?.as_secs() as i64,
+        None => 3600,
+    };
+    let suspend = sched.get("suspend").and_then(Json::as_bool).unwrap_or(false);
+    let k = &spec.pipeline.kubernetes;
+    let pvc = k.get("pvc").and_then(Json::as_str).unwrap_or("mflow-artifacts").to_string();
+    let image = k.get("image").and_then(Json::as_str).map(str::to_string).unwrap_or_else(|| format!("ghcr.io/mflow-dev/mflow:{}", env!("CARGO_PKG_VERSION")));
+    let name = object_name(&spec.pipeline.name);
+    let labels: BTreeMap<String, String> = [
+        ("app.kubernetes.io/name", "mflow".to_string()),
+        ("app.kubernetes.io/instance", name.clone()),
+        ("app.kubernetes.io/managed-by", "mflow".to_string()),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_string(), b))
+    .collect();
+    let meta = |n: &str, namespaced: bool| ObjectMeta { name: Some(n.to_string()), namespace: namespaced.then(|| namespace.to_string()), labels: Some(labels.clone()), ..Default::default() };
+    let file = spec.path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "spec.toml".into());
+
+    let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(groups.iter().map(|s| s.to_string()).collect()),
+        resources: Some(resources.iter().map(|s| s.to_string()).collect()),
+        verbs: verbs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let role = Role {
+        metadata: meta(&name, true),
+        rules: Some(vec![
+            rule(&["trainer.kubeflow.org"], &["trainjobs"], &["create", "get", "list", "watch", "delete"]),
+            rule(&[""], &["pods"], &["get", "list", "watch"]),
+            rule(&[""], &["pods/log"], &["get"]),
+            rule(&[""], &["configmaps"], &["create", "get", "list", "watch", "update", "patch", "delete"]),
+            // The kubernetes backend checks that the artifacts PVC exists before submitting.
+            rule(&[""], &["persistentvolumeclaims"], &["get"]),
+        ]),
+    };
+    let subject = Subject { kind: "ServiceAccount".into(), name: service_account.clone(), namespace: Some(namespace.to_string()), ..Default::default() };
+    let role_binding = RoleBinding {
+        metadata: meta(&name, true),
+        role_ref: RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: "Role".into(), name: name.clone() },
+        subjects: Some(vec![subject.clone()]),
+    };
+    // ClusterTrainingRuntimes are cluster-scoped: reading them needs a (read-only) ClusterRole.
+    let cluster_name = format!("{name}-{namespace}");
+    let cluster_role = ClusterRole { metadata: meta(&cluster_name, false), rules: Some(vec![rule(&["trainer.kubeflow.org"], &["clustertrainingruntimes"], &["get", "list"])]), ..Default::default() };
+    let cluster_role_binding = ClusterRoleBinding {
+        metadata: meta(&cluster_name, false),
+        role_ref: RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: "ClusterRole".into(), name: cluster_name.clone() },
+        subjects: Some(vec![subject]),
+    };
+    let config_map = ConfigMap { metadata: meta(&format!("{name}-spec"), true), data: Some([(file.clone(), spec.source.to_string())].into_iter().collect()), ..Default::default() };
+
+    // The spec is copied onto the PVC so that its relative workdir and inputs live there; the
+    // report and JUnit file of the latest run are written next to it.
+    let dir = format!("{ARTIFACTS}/pipelines/{name}");
+    let script = format!(
+        "set -u\nmkdir -p {dir}\ncp {SPEC_MOUNT}/{file} {dir}/{file}\ncd {dir}\nmflow run {file} --junit {dir}/junit.xml\ncode=$?\nmflow report --out {dir}/report.html || true\nexit $code\n"
+    );
+    let container = Container {
+        name: "mflow".into(),
+        image: Some(image),
+        command: Some(vec!["sh".into(), "-c".into(), script]),
+        env: Some(vec![EnvVar { name: "CI".into(), value: Some("true".into()), ..Default::default() }]),
+        volume_mounts: Some(vec![
+            VolumeMount { name: "artifacts".into(), mount_path: ARTIFACTS.into(), ..Default::default() },
+            VolumeMount { name: "spec".into(), mount_path: SPEC_MOUNT.into(), read_only: Some(true), ..Default::default() },
+        ]),
+        ..Default::default()
+    };
+    let pod = PodSpec {
+        service_account_name: Some(service_account.clone()),
+        restart_policy: Some("Never".into()),
+        containers: vec![container],
+        volumes: Some(vec![
+            Volume { name: "artifacts".into(), persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: pvc, read_only: None }), ..Default::default() },
+            Volume { name: "spec".into(), config_map: Some(ConfigMapVolumeSource { name: format!("{name}-spec"), ..Default::default() }), ..Default::default() },
+        ]),
+        ..Default::default()
+    };
+    let cron_job = CronJob {
+        metadata: meta(&name, true),
+        spec: CronJobSpec {
+            schedule: cron,
+            time_zone,
+            concurrency_policy: Some("Forbid".into()),
+            starting_deadline_seconds: Some(deadline),
+            suspend: Some(suspend),
+            successful_jobs_history_limit: Some(3),
+            failed_jobs_history_limit: Some(3),
+            job_template: JobTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels.clone()), ..Default::default() }),
+                spec: Some(JobSpec {
+                    // mflow retries stages itself; a rerun of the whole Job would start over.
+                    backoff_limit: Some(0),
+                    template: PodTemplateSpec { metadata: Some(ObjectMeta { labels: Some(labels.clone()), ..Default::default() }), spec: Some(pod) },
+                    ..Default::default()
+                }),
+            },
+        },
+        ..Default::default()
+    };
+    let service_account = ServiceAccount { metadata: meta(&service_account, true), ..Default::default() };
+    Ok(Objects { service_account, role, role_binding, cluster_role, cluster_role_binding, config_map, cron_job })
+}
+
+fn str_of(t: &Map<String, Json>, k: &str) -> Option<String> {
+    t.get(k).and_then(Json::as_str).map(str::to_string)
+}
+
+/// Five fields of standard cron (as the CronJob controller reads them) or a macro like @daily.
+pub fn check_cron(cron: &str) -> Result<(), CiError> {
+    let bad = |why: String| CiError::Schedule { message: format!("cron `{cron}`: {why}"), help: "write five fields: minute hour day-of-month month day-of-week, e.g. \"0 3 * * *\", or @hourly/@daily/@weekly/@monthly/@yearly".into() };
+    if cron.starts_with('@') {
+        return match cron {
+            "@yearly" | "@annually" | "@monthly" | "@weekly" | "@daily" | "@midnight" | "@hourly" => Ok(()),
+            _ => Err(bad("unknown macro".into())),
+        };
+    }
+    let fields: Vec<&str> = cron.split_whitespace().collect();
+    if fields.len() != 5 {
+        return Err(bad(format!("{} fields, expected 5", fields.len())));
+    }
+    let limits = [("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7)];
+    for (f, (what, lo, hi)) in fields.iter().zip(limits) {
+        for part in f.split(',') {
+            let (range, step) = match part.split_once('/') {
+                Some((r, s)) => (r, Some(s)),
+                None => (part, None),
+            };
+            if let Some(s) = step {
+                if s.parse::<u32>().map_or(true, |s| s == 0) {
+                    return Err(bad(format!("{what}: step `{s}` is not a positive number")));
+                }
+            }
+            if range == "*" || range == "?" {
+                continue;
+            }
+            for v in range.split('-') {
+                let ok = match v.parse::<u32>() {
+                    Ok(n) => (lo..=hi).contains(&n),
+                    // Names of months and weekdays (JAN, MON, ...).
+                    Err(_) => v.len() == 3 && v.chars().all(|c| c.is_ascii_alphabetic()) && (what == "month" || what == "day of week"),
+                };
+                if !ok {
+                    return Err(bad(format!("{what}: `{v}` is outside {lo}-{hi}")));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Applies every object with server-side apply (field manager "mflow").
+pub async fn apply(objects: &Objects, client: kube::Client, namespace: &str) -> Result<Vec<String>, CiError> {
+    use kube::api::{Api, Patch, PatchParams};
+    let pp = PatchParams::apply("mflow").force();
+    let mut done = Vec::new();
+    macro_rules! put {
+        ($api:expr, $obj:expr, $kind:literal) => {{
+            let name = $obj.metadata.name.clone().unwrap_or_default();
+            $api.patch(&name, &pp, &Patch::Apply($obj)).await.map_err(|e| CiError::Kube {
+                message: format!("applying {} {name}: {e}", $kind),
+                help: "check the kubeconfig context and that you may create ServiceAccounts, RBAC objects, ConfigMaps and CronJobs in the namespace".into(),
+            })?;
+            done.push(format!("{}/{name}", $kind));
+        }};
+    }
+    put!(Api::<ServiceAccount>::namespaced(client.clone(), namespace), &objects.service_account, "serviceaccount");
+    put!(Api::<Role>::namespaced(client.clone(), namespace), &objects.role, "role");
+    put!(Api::<RoleBinding>::namespaced(client.clone(), namespace), &objects.role_binding, "rolebinding");
+    put!(Api::<ClusterRole>::all(client.clone()), &objects.cluster_role, "clusterrole");
+    put!(Api::<ClusterRoleBinding>::all(client.clone()), &objects.cluster_role_binding, "clusterrolebinding");
+    put!(Api::<ConfigMap>::namespaced(client.clone(), namespace), &objects.config_map, "configmap");
+    put!(Api::<CronJob>::namespaced(client.clone(), namespace), &objects.cron_job, "cronjob");
+    Ok(done)
+}
+
+/// A client for the spec's [pipeline.kubernetes] context (or the default one) and the namespace
+/// to use: the spec's, else the context's.
+pub async fn client(spec: &Spec) -> Result<(kube::Client, String), CiError> {
+    let k = &spec.pipeline.kubernetes;
+    let context = k.get("context").and_then(Json::as_str).map(str::to_string);
+    let err = |e: String| CiError::Kube { message: format!("no cluster configuration: {e}"), help: "set KUBECONFIG or run inside a cluster; [pipeline.kubernetes] context picks a kubeconfig context".into() };
+    let config = match context {
+        Some(c) => kube::Config::from_kubeconfig(&kube::config::KubeConfigOptions { context: Some(c), ..Default::default() }).await.map_err(|e| err(e.to_string()))?,
+        None => kube::Config::infer().await.map_err(|e| err(e.to_string()))?,
+    };
+    let namespace = k.get("namespace").and_then(Json::as_str).map(str::to_string).unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config).map_err(|e| err(e.to_string()))?;
+    Ok((client, namespace))
+}

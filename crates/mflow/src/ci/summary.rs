@@ -1,0 +1,83 @@
+//! The Markdown summary of a run, appended to `$GITHUB_STEP_SUMMARY` when GitHub Actions sets it.
+
+use std::io::Write;
+
+use serde_json::Value as Json;
+
+use super::run_data::{human_duration, status_word, RunData};
+use super::CiError;
+use crate::record::{RunStatus, StageStatus};
+
+/// Metrics shown per stage; the rest are in the HTML report.
+const MAX_METRICS: usize = 6;
+
+pub fn render(run: &RunData) -> String {
+    let r = &run.record;
+    let status = match r.status {
+        RunStatus::Succeeded => "succeeded",
+        RunStatus::Failed => "failed",
+        RunStatus::Cancelled => "cancelled",
+        RunStatus::Running => "running",
+    };
+    let mut out = format!("### mflow run `{}`: {status}\n\n", r.pipeline);
+    out.push_str(&format!("Run `{}`, exit code {}.\n\n", r.id, r.exit_code.map(|c| c.to_string()).unwrap_or("-".into())));
+    out.push_str("| Stage | Status | Cached | Duration | Key metrics |\n|---|---|---|---|---|\n");
+    for (name, s) in run.stages() {
+        let icon = match s.status {
+            StageStatus::Succeeded | StageStatus::Cached => "✅",
+            StageStatus::Failed => "❌",
+            _ => "⏭️",
+        };
+        let mut status = format!("{icon} {}", status_word(s.status));
+        if s.status == StageStatus::Failed {
+            if let Some(m) = &s.message {
+                status.push_str(&format!(": {}", first_line(m)));
+            }
+        }
+        let cached = if s.status == StageStatus::Cached { "yes" } else { "no" };
+        let metrics = s.metrics.as_ref().map(key_metrics).unwrap_or_default();
+        out.push_str(&format!("| {} | {} | {cached} | {} | {} |\n", cell(name), cell(&status), human_duration(s.duration_s), cell(&metrics)));
+    }
+    out.push('\n');
+    out
+}
+
+/// Appends the summary when `GITHUB_STEP_SUMMARY` names a file; does nothing otherwise.
+pub fn append_if_requested(run: &RunData) -> Result<(), CiError> {
+    let Some(path) = std::env::var_os("GITHUB_STEP_SUMMARY").filter(|p| !p.is_empty()) else { return Ok(()) };
+    let path = std::path::PathBuf::from(path);
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| CiError::write(&path, e))?;
+    f.write_all(render(run).as_bytes()).map_err(|e| CiError::write(&path, e))
+}
+
+/// Top-level numbers first, then numbers one level down (`valid.loss`), at most MAX_METRICS.
+fn key_metrics(m: &Json) -> String {
+    let Some(o) = m.as_object() else { return String::new() };
+    let mut items: Vec<String> = o.iter().filter_map(|(k, v)| v.as_f64().map(|x| format!("{k}={}", num(x)))).collect();
+    for (k, v) in o {
+        if let Some(inner) = v.as_object() {
+            items.extend(inner.iter().filter_map(|(k2, v)| v.as_f64().map(|x| format!("{k}.{k2}={}", num(x)))));
+        }
+    }
+    items.truncate(MAX_METRICS);
+    items.join(", ")
+}
+
+pub fn num(x: f64) -> String {
+    if x != 0.0 && (x.abs() >= 1e5 || x.abs() < 1e-3) {
+        format!("{x:.3e}")
+    } else if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.4}").trim_end_matches('0').to_string()
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or("")
+}
+
+/// Table cells cannot hold pipes or newlines.
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace(['\n', '\r'], " ")
+}

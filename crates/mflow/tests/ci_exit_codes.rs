@@ -1,0 +1,54 @@
+//! Exit codes not covered by tests/engine.rs (1, 3, 4 and 130 are there), and the documented
+//! table staying in step with `mflow exit-codes`.
+
+mod common;
+
+use common::{code, stderr, stdout, Project};
+
+const OK: &str = "[pipeline]\nname = \"x\"\n\n[stages.a]\nkind = \"command\"\nrun = [\"sh\", \"-c\", \"true\"]\n";
+
+#[test]
+fn invalid_spec_is_2_and_nothing_runs() {
+    let p = Project::new(&OK.replace("run = ", "rnu = "));
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(!p.file(".mflow/runs").exists());
+    let p = Project::new(OK);
+    assert_eq!(code(&p.run(&["--force", "nope"])), 2);
+}
+
+#[test]
+fn success_is_0() {
+    let p = Project::new(OK);
+    assert_eq!(code(&p.run(&[])), 0);
+}
+
+#[test]
+fn internal_error_is_70() {
+    // The workdir cannot be created: a file is in the way.
+    let p = Project::new(&OK.replace("name = \"x\"", "name = \"x\"\nworkdir = \"blocked/w\""));
+    std::fs::write(p.file("blocked"), "a file").unwrap();
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 70, "{}", stderr(&o));
+}
+
+#[test]
+fn reproduce_refused_is_5() {
+    let p = Project::new(&OK.replace("run = ", "inputs = [\"in.txt\"]\nrun = "));
+    std::fs::write(p.file("in.txt"), "1").unwrap();
+    assert_eq!(code(&p.run(&[])), 0);
+    std::fs::write(p.file("in.txt"), "2").unwrap();
+    let id = std::fs::read_dir(p.file(".mflow/runs")).unwrap().flatten().next().unwrap().file_name();
+    assert_eq!(code(&p.mflow(&["reproduce", &id.to_string_lossy()])), 5);
+}
+
+#[test]
+fn documented_table_matches_the_binary() {
+    let p = Project::new(OK);
+    let table = stdout(&p.mflow(&["exit-codes"]));
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/exit-codes.md")).unwrap();
+    for line in table.lines() {
+        let code = line.split_whitespace().next().unwrap();
+        assert!(doc.contains(&format!("| {code} |")), "docs/exit-codes.md lacks code {code}");
+    }
+}

@@ -1,0 +1,64 @@
+//! `mflow run --junit` and the GitHub step summary, on a run with succeeded, cached, failed and
+//! skipped stages.
+
+mod common;
+
+use common::{code, stderr, Project};
+
+fn project() -> Project {
+    Project::new(include_str!("fixtures/ci/mixed.toml"))
+}
+
+/// Times, run ids and keys change from run to run.
+fn stable(s: &str) -> String {
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(r#"time="[0-9.]+""#, r#"time="[s]""#);
+    settings.add_filter(r#"timestamp="[^"]+""#, r#"timestamp="[t]""#);
+    settings.add_filter(r"\d{8}-\d{6}-\d{3}-[0-9a-f]{2}", "[run]");
+    settings.add_filter(r"output [0-9a-f]{12}", "output [key]");
+    settings.add_filter(r"\| \d+(\.\d+)?s \|", "| [d] |");
+    settings.add_filter(r#"(name="mflow_version" value=")[^"]+"#, "${1}[v]");
+    settings.bind(|| s.to_string())
+}
+
+#[test]
+fn junit_has_one_testcase_per_stage() {
+    let p = project();
+    let o = p.run(&["--junit", "out/junit.xml"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let first = std::fs::read_to_string(p.file("out/junit.xml")).unwrap();
+    assert!(first.contains("ran in 1 attempt(s)"), "{first}");
+    // The second run finds `prepare` cached.
+    let summary = p.file("summary.md");
+    let o = p.cmd(&["run", "spec.toml", "--junit", "out/junit.xml"]).env("GITHUB_STEP_SUMMARY", &summary).output().unwrap();
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let xml = std::fs::read_to_string(p.file("out/junit.xml")).unwrap();
+    let mut settings = insta::Settings::clone_current();
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| insta::assert_snapshot!("ci_junit", stable_xml(&xml)));
+    let md = std::fs::read_to_string(&summary).unwrap();
+    settings.bind(|| insta::assert_snapshot!("ci_step_summary", stable(&md)));
+}
+
+fn stable_xml(xml: &str) -> String {
+    // The XML must parse: every element closed, text escaped.
+    let mut reader = quick_xml::Reader::from_str(xml);
+    let mut cases = 0;
+    loop {
+        match reader.read_event().unwrap_or_else(|e| panic!("invalid XML at {}: {e}\n{xml}", reader.buffer_position())) {
+            quick_xml::events::Event::Start(e) | quick_xml::events::Event::Empty(e) if e.name().as_ref() == b"testcase" => cases += 1,
+            quick_xml::events::Event::Eof => break,
+            _ => {}
+        }
+    }
+    assert_eq!(cases, 3);
+    stable(xml)
+}
+
+#[test]
+fn no_summary_without_github() {
+    let p = project();
+    let o = p.cmd(&["run", "spec.toml"]).env_remove("GITHUB_STEP_SUMMARY").output().unwrap();
+    assert_eq!(code(&o), 1);
+    assert!(!p.file("out").exists());
+}

@@ -1,0 +1,74 @@
+//! `mflow reproduce`: rerun from the lockfile; refuse (exit 5) when a pinned digest moved.
+
+mod common;
+
+use common::{code, stderr, Project};
+
+const SPEC: &str = r#"
+[pipeline]
+name = "repro"
+
+[vars]
+greeting = "hello"
+
+[stages.read]
+kind = "command"
+inputs = ["data.txt"]
+run = ["sh", "-c", "cat data.txt > $MFLOW_OUTPUT/copy; echo ${vars.greeting} >> $MFLOW_OUTPUT/copy"]
+
+[stages.count]
+kind = "command"
+needs = ["read"]
+run = ["sh", "-c", "wc -l < $MFLOW_INPUT_READ/copy > $MFLOW_OUTPUT/n"]
+"#;
+
+fn project() -> Project {
+    let p = Project::new(SPEC);
+    std::fs::write(p.file("data.txt"), "one\ntwo\n").unwrap();
+    let o = p.run(&["--set", "vars.greeting=hi"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    p
+}
+
+fn first_run(p: &Project) -> String {
+    let mut ids: Vec<String> = std::fs::read_dir(p.file(".mflow/runs")).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+    ids.sort();
+    ids[0].clone()
+}
+
+#[test]
+fn reproduces_with_the_recorded_overrides_and_matching_keys() {
+    let p = project();
+    let id = first_run(&p);
+    // The spec file changing afterwards does not matter: the run's own copy is used.
+    std::fs::write(p.file("spec.toml"), SPEC.replace("hello", "changed")).unwrap();
+    let o = p.mflow(&["reproduce", &id]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("reproduced: every stage's key equals the lockfile's"), "{err}");
+    assert!(err.contains("read") && err.contains("count"));
+    let r = p.latest_record();
+    assert_eq!(r["stages"]["read"]["status"], "cached");
+}
+
+#[test]
+fn a_changed_input_file_is_refused_by_name() {
+    let p = project();
+    let id = first_run(&p);
+    std::fs::write(p.file("data.txt"), "one\ntwo\nthree\n").unwrap();
+    let o = p.mflow(&["reproduce", &id]);
+    assert_eq!(code(&o), 5, "{}", stderr(&o));
+    assert!(stderr(&o).contains("stage `read`: input file `data.txt` changed"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_dir(p.file(".mflow/runs")).unwrap().count(), 1, "a refused reproduction must not run");
+}
+
+#[test]
+fn a_tampered_spec_copy_is_refused() {
+    let p = project();
+    let id = first_run(&p);
+    let copy = p.file(&format!(".mflow/runs/{id}/spec.toml"));
+    std::fs::write(&copy, SPEC.replace("wc -l", "wc -c")).unwrap();
+    let o = p.mflow(&["reproduce", &id]);
+    assert_eq!(code(&o), 5);
+    assert!(stderr(&o).contains("spec: the run's copy"), "{}", stderr(&o));
+}

@@ -1,0 +1,171 @@
+//! `mflow schedule render`: the CronJob, ServiceAccount, RBAC and ConfigMap, checked by
+//! deserializing into k8s-openapi's types (and back: a field the API does not know would be
+//! dropped and the round trip would differ).
+
+mod common;
+
+use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use serde::Deserialize;
+
+use common::{code, stderr, stdout, Project};
+
+fn docs(yaml: &str) -> Vec<serde_yaml::Value> {
+    serde_yaml::Deserializer::from_str(yaml).map(|d| serde_yaml::Value::deserialize(d).unwrap()).collect()
+}
+
+/// Deserializes into `T` and checks that nothing was lost on the way.
+fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(doc: &serde_yaml::Value) -> T {
+    let t: T = serde_yaml::from_value(doc.clone()).unwrap_or_else(|e| panic!("not a valid object: {e}\n{doc:?}"));
+    let back = serde_yaml::to_value(&t).unwrap();
+    assert_eq!(&back, doc, "fields unknown to the Kubernetes API");
+    t
+}
+
+#[test]
+fn renders_valid_objects() {
+    let p = Project::new(include_str!("fixtures/ci/scheduled.toml"));
+    let o = p.mflow(&["schedule", "render", "spec.toml"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let yaml = stdout(&o);
+    let docs = docs(&yaml);
+    let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "CronJob"]);
+
+    let sa: ServiceAccount = typed(&docs[0]);
+    assert_eq!(sa.metadata.name.as_deref(), Some("mflow-nightly"));
+    assert_eq!(sa.metadata.namespace.as_deref(), Some("ml"));
+    let role: Role = typed(&docs[1]);
+    let rules: Vec<(String, String, String)> = role
+        .rules
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.api_groups.unwrap().join(","), r.resources.unwrap().join(","), r.verbs.join(",")))
+        .collect();
+    let rule = |g: &str, r: &str, v: &str| (g.to_string(), r.to_string(), v.to_string());
+    assert_eq!(
+        rules,
+        [
+            rule("trainer.kubeflow.org", "trainjobs", "create,get,list,watch,delete"),
+            rule("", "pods", "get,list,watch"),
+            rule("", "pods/log", "get"),
+            rule("", "configmaps", "create,get,list,watch,update,patch,delete"),
+            rule("", "persistentvolumeclaims", "get"),
+        ]
+    );
+    let rb: RoleBinding = typed(&docs[2]);
+    assert_eq!(rb.role_ref.name, "mflow-nightly-gpt");
+    assert_eq!(rb.subjects.unwrap()[0].name, "mflow-nightly");
+    let cr: ClusterRole = typed(&docs[3]);
+    assert_eq!(cr.rules.unwrap()[0].verbs, ["get", "list"], "cluster-wide access is read-only");
+    let _: ClusterRoleBinding = typed(&docs[4]);
+    let cm: ConfigMap = typed(&docs[5]);
+    assert_eq!(cm.data.unwrap()["spec.toml"], include_str!("fixtures/ci/scheduled.toml"));
+
+    let cj: CronJob = typed(&docs[6]);
+    let spec = cj.spec.unwrap();
+    assert_eq!(spec.schedule, "0 3 * * *");
+    assert_eq!(spec.time_zone.as_deref(), Some("Europe/Berlin"));
+    assert_eq!(spec.concurrency_policy.as_deref(), Some("Forbid"));
+    assert_eq!(spec.starting_deadline_seconds, Some(1800));
+    let pod = spec.job_template.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("mflow-nightly"));
+    assert_eq!(pod.containers[0].image.as_deref(), Some("registry.example.com/mflow:0.1.0"));
+    let script = &pod.containers[0].command.as_ref().unwrap()[2];
+    assert!(script.contains("mflow run spec.toml --junit"), "{script}");
+    let vols = pod.volumes.unwrap();
+    assert_eq!(vols[0].persistent_volume_claim.as_ref().unwrap().claim_name, "team-artifacts");
+    assert_eq!(vols[1].config_map.as_ref().unwrap().name, "mflow-nightly-gpt-spec");
+
+    insta::assert_snapshot!("ci_schedule_render", yaml);
+}
+
+#[test]
+fn bad_schedules_are_invalid() {
+    for (cron, why) in [("0 3 * *", "4 fields"), ("61 * * * *", "minute: `61`"), ("*/0 * * * *", "step `0`"), ("@sometimes", "unknown macro")] {
+        let p = Project::new(&include_str!("fixtures/ci/scheduled.toml").replace("0 3 * * *", cron));
+        let o = p.mflow(&["schedule", "render", "spec.toml"]);
+        assert_eq!(code(&o), 2, "{cron}");
+        assert!(stderr(&o).contains(why), "{cron}: {}", stderr(&o));
+    }
+    let p = Project::new(&include_str!("fixtures/ci/scheduled.toml").replace("Europe/Berlin", "Mars/Olympus"));
+    let o = p.mflow(&["schedule", "render", "spec.toml"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("not an IANA time zone"));
+    let p = Project::new("[pipeline]\nname = \"x\"\n[stages.a]\nkind = \"command\"\nrun = [\"true\"]\n");
+    let o = p.mflow(&["schedule", "render", "spec.toml"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("no [schedule] section"));
+}
+
+/// A Kubernetes API stand-in on 127.0.0.1: records each request's method, path and query and
+/// content type, and answers with the object it was sent (as server-side apply does).
+fn api_server() -> (u16, std::sync::mpsc::Receiver<(String, String, String)>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            reader.read_line(&mut request).unwrap();
+            let (mut len, mut ctype) = (0usize, String::new());
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap();
+                }
+                if let Some(v) = lower.strip_prefix("content-type:") {
+                    ctype = v.trim().to_string();
+                }
+            }
+            let mut body = vec![0; len];
+            reader.read_exact(&mut body).unwrap();
+            let mut parts = request.split_whitespace();
+            let (method, target) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
+            let _ = stream.write_all(format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len()).as_bytes());
+            let _ = stream.write_all(&body);
+            let _ = tx.send((method, target, ctype));
+        }
+    });
+    (port, rx)
+}
+
+#[test]
+fn apply_uses_server_side_apply_for_every_object() {
+    let (port, rx) = api_server();
+    let p = Project::new(include_str!("fixtures/ci/scheduled.toml"));
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: u\ncurrent-context: fake\n"
+    );
+    std::fs::write(p.file("kubeconfig"), kubeconfig).unwrap();
+    let o = p.cmd(&["schedule", "apply", "spec.toml"]).env("KUBECONFIG", p.file("kubeconfig")).output().unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let requests: Vec<(String, String, String)> = rx.try_iter().collect();
+    let paths: Vec<&str> = requests.iter().map(|(_, t, _)| t.split('?').next().unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/api/v1/namespaces/ml/serviceaccounts/mflow-nightly",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/ml/roles/mflow-nightly-gpt",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/ml/rolebindings/mflow-nightly-gpt",
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles/mflow-nightly-gpt-ml",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/mflow-nightly-gpt-ml",
+            "/api/v1/namespaces/ml/configmaps/mflow-nightly-gpt-spec",
+            "/apis/batch/v1/namespaces/ml/cronjobs/mflow-nightly-gpt",
+        ]
+    );
+    for (method, target, ctype) in &requests {
+        assert_eq!(method, "PATCH");
+        assert!(target.contains("fieldManager=mflow") && target.contains("force=true"), "{target}");
+        assert_eq!(ctype, "application/apply-patch+yaml");
+    }
+    assert!(stdout(&o).contains("applied cronjob/mflow-nightly-gpt (namespace ml)"), "{}", stdout(&o));
+}
