@@ -53,8 +53,11 @@ pub enum Command {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
     },
-    /// Print the JSON Schema of specs (for editor completion).
-    Schema,
+    /// Print the JSON Schema of specs (for editor completion), or the key reference.
+    Schema {
+        #[arg(long, value_enum, default_value_t = SchemaFormat::Json)]
+        format: SchemaFormat,
+    },
     /// List recorded runs.
     Runs {
         #[arg(long, default_value = ".mflow")]
@@ -100,6 +103,24 @@ pub enum Command {
     Env,
     /// Print the table of exit codes.
     ExitCodes,
+    /// Get an HF model: hf://ORG/NAME[@REV], path:DIR, or init:PRESET (random weights).
+    Model(mflow_ckpt::cli::ModelArgs),
+    /// Convert an HF model to Megatron shards for TP x PP, or reshard shards.
+    Convert(mflow_ckpt::cli::ConvertArgs),
+    /// Export Megatron shards to an HF model directory.
+    Export(mflow_ckpt::cli::ExportArgs),
+    /// Tokenize text or JSONL into Megatron indexed datasets.
+    Dataset(mflow_data::cli::DatasetArgs),
+    /// Write a self-contained HTML report of a run: curves, timeline, metrics, lockfile.
+    Report(crate::ci::commands::ReportArgs),
+    /// Compare the metrics of runs.
+    #[command(subcommand)]
+    Metrics(crate::ci::commands::MetricsCommand),
+    /// Rerun a recorded run from its lockfile, refusing if a pinned digest changed.
+    Reproduce(crate::ci::commands::ReproduceArgs),
+    /// Kubernetes CronJob (and RBAC) for the spec's [schedule].
+    #[command(subcommand)]
+    Schedule(crate::ci::commands::ScheduleCommand),
 }
 
 #[derive(clap::Args, Debug)]
@@ -117,6 +138,15 @@ pub struct RunArgs {
     /// Rehash cache entries before trusting them.
     #[arg(long)]
     pub verify: bool,
+    /// Write a JUnit XML file with one testcase per stage.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
+pub enum SchemaFormat {
+    Json,
+    Markdown,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
@@ -176,8 +206,11 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
             println!("{}: ok ({} stages)", spec.display(), s.stages.len());
             Ok(ExitCode::Success)
         }
-        Command::Schema => {
-            println!("{}", serde_json::to_string_pretty(&spec::json_schema()).unwrap());
+        Command::Schema { format } => {
+            match format {
+                SchemaFormat::Json => println!("{}", serde_json::to_string_pretty(&spec::json_schema()).unwrap()),
+                SchemaFormat::Markdown => print!("{}", spec::reference_markdown()),
+            }
             Ok(ExitCode::Success)
         }
         Command::Runs { workdir } => {
@@ -236,11 +269,30 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
             println!("{}", env.python()?.display());
             Ok(ExitCode::Success)
         }
+        Command::Model(a) => native(mflow_ckpt::cli::model(&a)),
+        Command::Convert(a) => native(mflow_ckpt::cli::convert(&a)),
+        Command::Export(a) => native(mflow_ckpt::cli::export(&a)),
+        Command::Dataset(a) => native(mflow_data::cli::run(&a)),
+        Command::Report(a) => crate::ci::commands::report(a),
+        Command::Metrics(c) => crate::ci::commands::metrics(c),
+        Command::Reproduce(a) => crate::ci::commands::reproduce(a, cli.log_format == LogFormat::Json),
+        Command::Schedule(c) => crate::ci::commands::schedule(c),
         Command::ExitCodes => {
             for (code, what) in ExitCode::TABLE {
                 println!("{code:>4}  {what}");
             }
             Ok(ExitCode::Success)
+        }
+    }
+}
+
+/// The native stage commands report their own diagnostics; a failure is the stage's.
+fn native(r: miette::Result<()>) -> Result<ExitCode, Error> {
+    match r {
+        Ok(()) => Ok(ExitCode::Success),
+        Err(report) => {
+            eprintln!("{report:?}");
+            Ok(ExitCode::StageFailed)
         }
     }
 }
@@ -260,6 +312,7 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
         }
     }
     let env = Environment::detect(s.python.as_deref());
+    let notify = s.notify.clone();
     let plan = plan::build(s, &env)?;
     let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io(Path::new("tokio runtime"), e))?;
     let opts = crate::exec::Options { jobs: args.jobs, force: args.force, verify: args.verify, mode: Mode::detect(format == LogFormat::Json), overrides: args.set };
@@ -281,6 +334,7 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
             eprintln!("  gate {name}.{} {} : {} -> {}", g.metric, g.condition, g.value.map(|v| format!("{v:.4}")).unwrap_or("missing".into()), if g.passed { "pass" } else { "FAIL" });
         }
     }
+    crate::ci::commands::after_run(&outcome.run_dir, args.junit.as_deref(), notify.as_ref(), &rt);
     Ok(crate::exit::for_run(r))
 }
 

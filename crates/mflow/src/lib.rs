@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod cache;
+pub mod ci;
 pub mod cli;
 pub mod env;
 pub mod exec;

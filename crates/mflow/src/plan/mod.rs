@@ -1,6 +1,7 @@
 //! The plan: the spec's stages as a DAG in dependency order, each with the static parts of its
 //! cache key. Keys that depend on upstream outputs are completed as those outputs become known.
 
+mod checks;
 pub mod inputs;
 
 use std::collections::BTreeMap;
@@ -71,12 +72,19 @@ pub fn build(spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
     let hasher = InputHasher::open(&spec.workdir());
     let mut stage_specs = spec.stages.clone();
     insert_reshards(&mut stage_specs);
+    checks::check(&stage_specs)?;
     let order = topo_order(&stage_specs);
     let position: BTreeMap<String, usize> = order.iter().enumerate().map(|(pos, &i)| (stage_specs[i].name.clone(), pos)).collect();
     let mut stages = Vec::new();
     for &i in &order {
         let st = &stage_specs[i];
         let params = crate::stages::resolve_params(st, env).map_err(|(message, help)| PlanError::Invalid { stage: st.name.clone(), message, help })?;
+        let mut params = params;
+        if let Some(src) = params.get("source").and_then(Json::as_str).filter(|s| s.starts_with("hf://")) {
+            // The Hub's commit, not the name, identifies the weights.
+            let sha = mflow_ckpt::resolve_hf_revision(src).map_err(|e| PlanError::Invalid { stage: st.name.clone(), message: format!("cannot resolve {src}: {e}"), help: "check the network, HF_ENDPOINT and HF_TOKEN; or pin the revision to a commit sha".into() })?;
+            params["revision_sha"] = json!(sha);
+        }
         let mut input_patterns = st.inputs.clone();
         input_patterns.extend(crate::stages::external_inputs(st));
         let inputs = hasher.digest(&st.name, &spec.dir, &root, &input_patterns)?;

@@ -542,3 +542,24 @@ pub fn json_schema() -> Json {
         }
     })
 }
+
+/// The key reference of docs/spec.md, generated from the field tables.
+pub fn reference_markdown() -> String {
+    use crate::stages::fields as f;
+    let mut out = String::new();
+    let section = |out: &mut String, title: &str, fields: &[schema::Field]| {
+        out.push_str(&format!("### {title}\n\n{}\n", schema::markdown(fields)));
+    };
+    section(&mut out, "`[pipeline]`", f::PIPELINE);
+    section(&mut out, "`[pipeline.retries]` and a stage's `retries`", f::RETRY);
+    section(&mut out, "`[pipeline.kubernetes]`", f::KUBERNETES);
+    section(&mut out, "`[env]`", f::ENV);
+    section(&mut out, "`[schedule]`", f::SCHEDULE);
+    section(&mut out, "`[notify]`", f::NOTIFY);
+    section(&mut out, "Every stage", f::COMMON);
+    section(&mut out, "A stage's `resources`", f::RESOURCES);
+    for k in Kind::ALL {
+        section(&mut out, &format!("`kind = \"{}\"`: {}", k.name(), k.doc()), k.fields());
+    }
+    out
+}

@@ -238,3 +238,22 @@ fn ty_schema(ty: Ty) -> Json {
         Ty::StrOrInt => json!({"type": ["string", "integer"]}),
     }
 }
+
+/// A Markdown table of one field table, for docs/spec.md.
+pub fn markdown(fields: &[Field]) -> String {
+    let mut out = String::from("| key | type | default | |\n|---|---|---|---|\n");
+    for f in fields {
+        let ty = match f.ty {
+            Ty::Enum(c) => c.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(" \\| "),
+            Ty::Table(_) => "table (below)".into(),
+            other => expected(other).trim_start_matches("a ").trim_start_matches("an ").to_string(),
+        };
+        let default = match (f.required, f.default) {
+            (true, _) => "required".to_string(),
+            (false, Some(d)) => format!("`{d}`"),
+            (false, None) => String::new(),
+        };
+        out.push_str(&format!("| `{}` | {ty} | {default} | {} |\n", f.name, f.doc.replace('|', "\\|")));
+    }
+    out
+}

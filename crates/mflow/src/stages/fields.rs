@@ -60,7 +60,7 @@ pub const COMMON: &[Field] = &[
     req("kind", Ty::Str, "command, model, convert, dataset, train, evaluate or export"),
     opt("description", Ty::Str, "free text"),
     def("needs", Ty::StrList, "[]", "stages that must finish first (references in values add edges too)"),
-    def("inputs", Ty::StrList, "[]", "files or globs the stage reads, relative to the spec; their content enters the cache key"),
+    def("inputs", Ty::StrList, "[]", "files or globs the stage reads, relative to the spec; their content enters the cache key (for `dataset`: the corpus, text or JSONL, gz and zst too)"),
     opt("retries", Ty::Table(RETRY), "retry policy"),
     opt("timeout", Ty::Duration, "kill the attempt after this long"),
     opt("resources", Ty::Table(RESOURCES), "resources the stage needs"),
@@ -87,7 +87,6 @@ pub const CONVERT: &[Field] = &[
 ];
 
 pub const DATASET: &[Field] = &[
-    req("inputs", Ty::StrList, "text or JSONL files and globs (gz and zst too), relative to the spec"),
     req("tokenizer", Ty::Str, "\"${stages.MODEL.output}\", a tokenizer.json path, or \"byte-level\""),
     def("format", Ty::Enum(&["auto", "text", "jsonl"]), "\"auto\"", "input format"),
     def("split_by", Ty::Enum(&["file", "line", "blank-line"]), "\"file\"", "how plain text splits into documents"),

@@ -45,9 +45,7 @@ pub fn resolve_params(st: &StageSpec, env: &Environment) -> Result<Json, (String
 
 /// Files outside the DAG that a kind reads, relative to the spec.
 pub fn external_inputs(st: &StageSpec) -> Vec<String> {
-    let no_refs = |s: &&str| !s.contains("${");
     match st.kind {
-        Kind::Dataset => st.params.get("inputs").and_then(Json::as_array).map(|a| a.iter().filter_map(Json::as_str).filter(no_refs).map(str::to_string).collect()).unwrap_or_default(),
         Kind::Model => st.params.get("source").and_then(Json::as_str).and_then(|s| s.strip_prefix("path:")).map(|d| vec![d.to_string()]).unwrap_or_default(),
         _ => Vec::new(),
     }
@@ -132,8 +130,8 @@ pub fn build_job(cx: &JobContext<'_>) -> Result<JobPlan, String> {
         }
         Kind::Dataset => {
             let mut argv = vec![exe.clone(), "dataset".into()];
-            for i in p.get("inputs").and_then(Json::as_array).into_iter().flatten().filter_map(Json::as_str) {
-                argv.push(abs(i.to_string()));
+            for i in &cx.stage.inputs {
+                argv.push(abs(i.clone()));
             }
             let tok = s("tokenizer");
             let tok = if tok == "byte-level" { tok } else { abs(tok) };

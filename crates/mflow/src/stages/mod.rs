@@ -91,7 +91,7 @@ impl Kind {
                 if !(s.starts_with("hf://") || s.starts_with("path:") || s.starts_with("init:")) {
                     errors.push(invalid(src, at("source"), "source", "unknown source scheme", "use hf://ORG/NAME[@REVISION], path:DIR or init:PRESET"));
                 } else if let Some(preset) = s.strip_prefix("init:") {
-                    let presets = crate::stages::PRESETS;
+                    let presets = mflow_ckpt::preset_names();
                     if !presets.contains(&preset) {
                         errors.push(invalid(src, at("source"), "source", format!("no preset `{preset}`"), did_you_mean(preset, presets, "presets")));
                     }
@@ -102,6 +102,15 @@ impl Kind {
                 positive("pp", errors);
             }
             Kind::Dataset => {
+                if node.get("inputs").is_none() {
+                    errors.push(SpecError::MissingKey {
+                        src: src.clone(),
+                        span: crate::spec::error::to_span(node.span().map(|r| r.start..r.start + 1)),
+                        key: "inputs".into(),
+                        table: "this dataset stage".into(),
+                        help: "add `inputs = [\"corpus/*.jsonl\"]`: the text or JSONL files to tokenize".into(),
+                    });
+                }
                 let s = p.get("splits").and_then(Json::as_str).unwrap_or_default();
                 let parts: Vec<Option<f64>> = s.split(',').map(|x| x.trim().parse::<f64>().ok().filter(|v| *v >= 0.0)).collect();
                 if parts.len() != 3 || parts.iter().any(Option::is_none) || parts.iter().flatten().sum::<f64>() <= 0.0 {
@@ -133,6 +142,3 @@ impl Kind {
         }
     }
 }
-
-/// Random-init model presets (`init:PRESET`).
-pub const PRESETS: &[&str] = &["llama-tiny", "llama-1b", "qwen2-tiny", "gpt2-tiny"];
