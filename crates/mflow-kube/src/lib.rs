@@ -50,6 +50,8 @@ mod names;
 mod options;
 mod run;
 mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -65,6 +67,7 @@ pub use manifest::{
 };
 pub use names::{is_rfc1035_label, label_value, trainjob_name, MAX_TRAINJOB_NAME};
 pub use options::{KubeOptions, DEFAULT_PVC, DEFAULT_RUNTIME};
+pub use run::Existing;
 pub use store::CacheEntry;
 
 /// One attempt of one stage, as the engine hands it to the backend.

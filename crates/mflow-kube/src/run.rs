@@ -23,6 +23,14 @@ use crate::manifest::{
 use crate::names::trainjob_name;
 use crate::{FailureClass, KubeBackend, KubeError, LogLine, Outcome, StageRequest};
 
+/// A TrainJob found for an attempt before running it (see [`KubeBackend::existing`]).
+#[derive(Debug, Clone)]
+pub struct Existing {
+    pub name: String,
+    pub env: BTreeMap<String, String>,
+    pub state: JobState,
+}
+
 /// Longest wait for a deleted TrainJob to disappear before resubmitting under its name.
 const DELETE_WAIT: Duration = Duration::from_secs(120);
 
@@ -71,6 +79,44 @@ impl KubeBackend {
             }
         }
         self.watch(&api, req, &name, &logs, cancel).await
+    }
+
+    /// The TrainJob of this attempt left by an earlier mflow process, if mflow created it for
+    /// exactly this stage, key and attempt: its environment and whether it already completed.
+    /// The engine uses it to find where that TrainJob writes its output before reattaching.
+    pub async fn existing(&self, req: &StageRequest) -> Result<Option<Existing>, KubeError> {
+        let name = trainjob_name(&req.pipeline, &req.stage, &req.key, req.attempt);
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.namespace(), &trainjob_resource());
+        let Some(obj) = api.get_opt(&name).await.map_err(|e| self.call_err(e, "get", "trainjobs", &name))? else {
+            return Ok(None);
+        };
+        if check_ownership(&obj, req, &name).is_err() {
+            return Ok(None);
+        }
+        let value = to_value(&obj);
+        let env = value
+            .pointer("/spec/trainer/env")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|v| Some((v.get("name")?.as_str()?.to_string(), v.get("value")?.as_str()?.to_string())))
+            .collect();
+        let state = job_state(&value);
+        Ok(Some(Existing { name, env, state }))
+    }
+
+    /// Deletes this attempt's own TrainJob (one whose result cannot be used), waiting until it
+    /// is gone; a foreign object of that name is left alone and reported.
+    pub async fn forget(&self, req: &StageRequest) -> Result<(), KubeError> {
+        let name = trainjob_name(&req.pipeline, &req.stage, &req.key, req.attempt);
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.namespace(), &trainjob_resource());
+        match api.get_opt(&name).await.map_err(|e| self.call_err(e, "get", "trainjobs", &name))? {
+            Some(obj) => {
+                check_ownership(&obj, req, &name)?;
+                self.delete_and_wait(&api, &name).await
+            }
+            None => Ok(()),
+        }
     }
 
     async fn submit(&self, api: &Api<DynamicObject>, req: &StageRequest, name: &str) -> Result<(), KubeError> {

@@ -1,4 +1,2 @@
-#![allow(dead_code)]
-pub mod controller;
-pub mod fake_api;
-pub mod schema;
+#![allow(unused_imports)]
+pub use mflow_kube::testing::{controller, fake_api, schema};

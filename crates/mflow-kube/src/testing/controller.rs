@@ -30,6 +30,10 @@ pub enum Scenario {
     UnschedulableThenSucceed,
     /// The image name is invalid: pods wait forever.
     BadImage,
+    /// Runs the TrainJob's command on this machine, once per node, with its env and the PET_*
+    /// variables Trainer would inject (as if the artifact volume were mounted at the same
+    /// paths); its output becomes the pod log and its exit code the pod's.
+    Exec,
 }
 
 pub type Picker = Arc<dyn Fn(&Value) -> Scenario + Send + Sync>;
@@ -162,6 +166,9 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
     for pod in &pods {
         set_pod(&api, &ns, pod, "Running", json!({"running": {"startedAt": now()}}));
     }
+    if matches!(scenario, Scenario::Exec) {
+        return exec(api, &ns, &name, &job, &pods).await;
+    }
     for step in 0..3 {
         for (rank, pod) in pods.iter().enumerate() {
             api.append_log(&ns, pod, &format!("step {step} on node {rank}"));
@@ -250,6 +257,84 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
             failed("DeadlineExceeded", "TrainJob exceeded its active deadline");
             drop_others("");
         }
-        Scenario::BadImage => unreachable!(),
+        Scenario::BadImage | Scenario::Exec => unreachable!(),
+    }
+}
+
+/// The local stand-in for the pods of [`Scenario::Exec`]: every rank's process runs to its end
+/// (or until the TrainJob is deleted), then the TrainJob completes or fails like JobSet's would.
+async fn exec(api: Arc<Shared>, ns: &str, name: &str, job: &Value, pods: &[String]) {
+    let trainer = &job["spec"]["trainer"];
+    let argv: Vec<String> = trainer["command"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(trainer["args"].as_array().into_iter().flatten())
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(29500);
+    let mut ranks = tokio::task::JoinSet::new();
+    for (rank, pod) in pods.iter().enumerate() {
+        let mut cmd = tokio::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).kill_on_drop(true);
+        for var in trainer["env"].as_array().into_iter().flatten() {
+            cmd.env(var["name"].as_str().unwrap_or_default(), var["value"].as_str().unwrap_or_default());
+        }
+        cmd.env("PET_NNODES", pods.len().to_string())
+            .env("PET_NPROC_PER_NODE", trainer["numProcPerNode"].as_u64().unwrap_or(1).to_string())
+            .env("PET_NODE_RANK", rank.to_string())
+            .env("PET_MASTER_ADDR", "127.0.0.1")
+            .env("PET_MASTER_PORT", port.to_string());
+        let (api, ns, pod) = (api.clone(), ns.to_string(), pod.clone());
+        ranks.spawn(async move {
+            let Ok(mut child) = cmd.spawn() else { return (pod, 127) };
+            let out = tokio::spawn(pipe(child.stdout.take().unwrap(), api.clone(), ns.clone(), pod.clone()));
+            let err = tokio::spawn(pipe(child.stderr.take().unwrap(), api.clone(), ns.clone(), pod.clone()));
+            let code = loop {
+                tokio::select! {
+                    status = child.wait() => break status.ok().and_then(|s| s.code()).unwrap_or(137),
+                    _ = tokio::time::sleep(STEP) => {
+                        // The TrainJob (and with it the pod) was deleted: the container is killed.
+                        if api.get("pods", &ns, &pod).is_none() {
+                            let _ = child.kill().await;
+                            return (pod, 137);
+                        }
+                    }
+                }
+            };
+            let _ = out.await;
+            let _ = err.await;
+            api.close_log(&ns, &pod);
+            (pod, code)
+        });
+    }
+    let mut failed: Option<(String, i32)> = None;
+    while let Some(Ok((pod, code))) = ranks.join_next().await {
+        if api.get("pods", ns, &pod).is_none() {
+            return;
+        }
+        if code == 0 {
+            set_pod(&api, ns, &pod, "Succeeded", terminated(0, "Completed"));
+        } else {
+            set_pod(&api, ns, &pod, "Failed", terminated(code, "Error"));
+            failed.get_or_insert((pod, code));
+        }
+    }
+    tokio::time::sleep(STEP).await;
+    match failed {
+        None => {
+            set_condition(&api, ns, name, condition("Complete", "True", "AllJobsCompleted", "jobset completed successfully"));
+        }
+        Some(_) => {
+            set_condition(&api, ns, name, condition("Failed", "True", "FailedJobs", "jobset failed due to one or more failed jobs"));
+        }
+    }
+}
+
+async fn pipe<R: tokio::io::AsyncRead + Unpin>(r: R, api: Arc<Shared>, ns: String, pod: String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(r).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        api.append_log(&ns, &pod, &line);
     }
 }
