@@ -21,7 +21,6 @@ use crate::env::Environment;
 use crate::plan::Plan;
 use crate::record::{self, RunRecord, RunStatus, StageRecord, StageStatus};
 use display::{Display, Mode};
-use pool::Pool;
 use retry::FailureClass;
 
 pub struct Options {
@@ -65,6 +64,7 @@ pub(crate) struct Shared {
     pub lines: mpsc::UnboundedSender<Line>,
     pub cancel: watch::Receiver<Cancel>,
     pub verify: bool,
+    pub backend: crate::backend::Backend,
 }
 
 impl Shared {
@@ -81,7 +81,16 @@ impl Shared {
     }
 }
 
-pub async fn run(plan: Plan, env: Environment, opts: Options) -> Result<RunOutcome, crate::Error> {
+/// Runs the plan on the spec's backend, connecting to it first.
+pub async fn run(mut plan: Plan, env: Environment, opts: Options) -> Result<RunOutcome, crate::Error> {
+    crate::backend::choose(&mut plan.spec, None);
+    let backend = crate::backend::Backend::for_spec(&plan.spec).await.map_err(|e| crate::Error::usage(e.to_string(), e.explain()))?;
+    run_on(plan, env, opts, backend).await
+}
+
+/// Runs the plan on a backend that is already connected and checked.
+pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: crate::backend::Backend) -> Result<RunOutcome, crate::Error> {
+    crate::backend::choose(&mut plan.spec, None);
     let workdir = plan.spec.workdir();
     let store = Store::open(&workdir)?;
     let run_id = record::new_run_id();
@@ -137,7 +146,7 @@ pub async fn run(plan: Plan, env: Environment, opts: Options) -> Result<RunOutco
     let (cancel_tx, cancel_rx) = watch::channel(Cancel::None);
     let (line_tx, mut line_rx) = mpsc::unbounded_channel::<Line>();
     let jobs = opts.jobs.or(plan.spec.pipeline.jobs).unwrap_or(env.cpus).max(1);
-    let mut pool = Pool::new(env.cpus, env.gpus.clone());
+    let mut pool = backend.pool(&env);
     let display = Arc::new(std::sync::Mutex::new(Display::new(opts.mode, &names)));
     let shared = Arc::new(Shared {
         display: display.clone(),
@@ -150,6 +159,7 @@ pub async fn run(plan: Plan, env: Environment, opts: Options) -> Result<RunOutco
         lines: line_tx,
         cancel: cancel_rx,
         verify: opts.verify,
+        backend,
     });
 
     // Output lines go to the display as they arrive.
@@ -240,7 +250,18 @@ pub async fn run(plan: Plan, env: Environment, opts: Options) -> Result<RunOutco
                                 })
                                 .await;
                             shared.show(&name, "cached", &crate::cache::key::short(&key).to_string());
-                            state[i] = Some(StageEnd::Done { digest: m.digest, output, cached: true });
+                            state[i] = Some(match stage::check_gates(&shared, &name, &output).await {
+                                Some(message) => {
+                                    shared.update(&name, |r| {
+                                        r.status = StageStatus::Failed;
+                                        r.message = Some(format!("gate: {message}"));
+                                    })
+                                    .await;
+                                    shared.show(&name, "failed", &format!("gate: {message}"));
+                                    StageEnd::Failed { class: FailureClass::Gate, message }
+                                }
+                                None => StageEnd::Done { digest: m.digest, output, cached: true },
+                            });
                             progressed = true;
                             continue;
                         }

@@ -9,7 +9,7 @@ use serde_json::Value as Json;
 use super::pool::Grant;
 use super::retry::{FailureClass, RetryState, Verdict};
 use super::{scratch_dir, Shared, StageEnd};
-use crate::backend::{local, Cancel, Job, Outcome};
+use crate::backend::{Cancel, Job, Outcome};
 use crate::cache::Lookup;
 use crate::record::{self, Attempt, StageStatus};
 use crate::stages::{build_job, JobContext};
@@ -42,6 +42,9 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
             })
             .await;
             sh.show(&name, "cached", "computed by another run");
+            if let Some(message) = check_gates(sh, &name, &output).await {
+                return fail(sh, &name, FailureClass::Gate, message).await;
+            }
             return StageEnd::Done { digest: m.digest, output, cached: true };
         }
     }
@@ -127,7 +130,7 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
         .await;
 
         let watcher = tokio::spawn(watch_progress(progress_file.clone(), name.clone(), arc.clone()));
-        let mut outcome = local::run(&job, sh.lines.clone(), sh.cancel.clone()).await;
+        let mut outcome = sh.backend.run(&job, sh.lines.clone(), sh.cancel.clone()).await;
         watcher.abort();
         let reported = read_json(&status_file);
         let after = reported.as_ref().and_then(|v| v.get("checkpoint_iteration")).and_then(Json::as_u64).or(before);
@@ -136,18 +139,8 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
             let _ = record::write_json(&scratch.join("progress.json"), &serde_json::json!({"checkpoint_iteration": a}));
         }
 
-        let mut gate_results = Vec::new();
-        if outcome == Outcome::Success {
-            if !out.is_dir() {
-                outcome = Outcome::Failed { class: FailureClass::User, message: "the stage succeeded but wrote no output directory".into() };
-            } else if !st.spec.gates.is_empty() {
-                let metrics = read_json(&out.join("metrics.json")).unwrap_or(Json::Null);
-                gate_results = crate::exec::gates::evaluate(&st.spec.gates, &metrics);
-                let failed: Vec<String> = gate_results.iter().filter(|g| !g.passed).map(|g| format!("{} = {} is not {}", g.metric, g.value.map(|v| format!("{v:.4}")).unwrap_or("missing".into()), g.condition)).collect();
-                if !failed.is_empty() {
-                    outcome = Outcome::Failed { class: FailureClass::Gate, message: format!("gate failed: {}", failed.join("; ")) };
-                }
-            }
+        if outcome == Outcome::Success && !out.is_dir() {
+            outcome = Outcome::Failed { class: FailureClass::User, message: "the stage succeeded but wrote no output directory".into() };
         }
         let metrics = read_json(&out.join("metrics.json"));
         let verification = read_json(&out.join("verification.json"));
@@ -167,7 +160,6 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
                     a.resumed_from = resumed_from;
                 }
             }
-            r.gates = gate_results.clone();
             r.metrics = metrics.clone();
             r.verification = verification.clone();
         })
@@ -185,6 +177,9 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
                 drop(lock);
                 let _ = std::fs::remove_dir_all(&scratch);
                 let output = sh.store.output_dir(&key);
+                if let Some(warning) = sh.backend.committed(&key, &name, &output, &manifest.digest).await {
+                    sh.show(&name, "warning", &warning);
+                }
                 let total = started.elapsed().as_secs_f64();
                 sh.update(&name, |r| {
                     r.status = StageStatus::Succeeded;
@@ -195,6 +190,10 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
                 })
                 .await;
                 sh.show(&name, "succeeded", &format!("{:.1}s", total));
+                // A gate judges the result; the result itself stays cached.
+                if let Some(message) = check_gates(sh, &name, &output).await {
+                    return fail(sh, &name, FailureClass::Gate, message).await;
+                }
                 return StageEnd::Done { digest: manifest.digest, output, cached: false };
             }
             Outcome::Failed { class, message } => {
@@ -221,6 +220,30 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
             }
         }
     }
+}
+
+/// Checks the stage's gates against the `metrics.json` in its output, records the results, and
+/// returns the failure message if any gate failed.
+pub(super) async fn check_gates(sh: &Shared, name: &str, output: &std::path::Path) -> Option<String> {
+    let gates = &sh.plan.stages.iter().find(|s| s.spec.name == name)?.spec.gates;
+    if gates.is_empty() {
+        return None;
+    }
+    let metrics = read_json(&output.join("metrics.json")).unwrap_or(Json::Null);
+    let results = crate::exec::gates::evaluate(gates, &metrics);
+    let failed: Vec<String> = results
+        .iter()
+        .filter(|g| !g.passed)
+        .map(|g| format!("{} = {} is not {}", g.metric, g.value.map(|v| format!("{v:.4}")).unwrap_or("missing".into()), g.condition))
+        .collect();
+    sh.update(name, |r| {
+        r.gates = results.clone();
+        if r.metrics.is_none() {
+            r.metrics = Some(metrics.clone());
+        }
+    })
+    .await;
+    if failed.is_empty() { None } else { Some(format!("gate failed: {}", failed.join("; "))) }
 }
 
 async fn fail(sh: &Shared, name: &str, class: FailureClass, message: String) -> StageEnd {

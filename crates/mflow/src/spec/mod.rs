@@ -277,6 +277,12 @@ pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, Spec
             }
         }
         kind.check(&src, &node, &values, &name_refs, &mut errors);
+        // An evaluation baseline is read from another stage's output: that is an edge too.
+        if let Some(b) = values.get("baseline").and_then(Json::as_str) {
+            if names.iter().any(|n| n == b) {
+                edges.push((key.name.clone(), b.to_string(), node.get("baseline").and_then(Node::span)));
+            }
+        }
 
         let mut needs: BTreeSet<String> = BTreeSet::new();
         for (from, to, _) in &edges {
