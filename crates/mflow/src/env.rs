@@ -178,7 +178,8 @@ fn provision() -> Result<PathBuf, EnvError> {
 }
 
 fn run(cmd: &mut Command) -> Result<(), String> {
-    let status = cmd.status().map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+    // stdout carries the interpreter path for `mflow env`; tool chatter goes to stderr.
+    let status = cmd.stdout(std::process::Stdio::from(std::io::stderr())).status().map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
     if status.success() { Ok(()) } else { Err(format!("{:?} failed with {status}", cmd.get_program())) }
 }
 
