@@ -39,6 +39,9 @@ pub enum Command {
         /// Rehash cache entries instead of checking sizes.
         #[arg(long)]
         verify: bool,
+        /// Where stages run; overrides `[pipeline] backend`.
+        #[arg(long, value_enum)]
+        backend: Option<BackendChoice>,
     },
     /// What changed in a stage's cache key since it last ran.
     Why {
@@ -141,6 +144,24 @@ pub struct RunArgs {
     /// Write a JUnit XML file with one testcase per stage.
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
+    /// Where stages run; overrides `[pipeline] backend`.
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendChoice>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
+pub enum BackendChoice {
+    Local,
+    Kubernetes,
+}
+
+impl BackendChoice {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendChoice::Local => "local",
+            BackendChoice::Kubernetes => "kubernetes",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
@@ -158,10 +179,13 @@ pub enum PlanFormat {
 pub fn main(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
         Command::Run(args) => run(args, cli.log_format),
-        Command::Plan { spec, set, format, verify } => {
-            let (plan, store) = load_plan(&spec, &set)?;
+        Command::Plan { spec, set, format, verify, backend } => {
+            let (plan, store) = load_plan(&spec, &set, backend)?;
             let last = record::last_keys(&plan.spec.workdir());
-            let decisions = plan::decide(&plan, &store, &last, &[], verify);
+            let mut decisions = plan::decide(&plan, &store, &last, &[], verify);
+            if plan.spec.pipeline.backend == "kubernetes" {
+                cluster_cached(&plan.spec, &mut decisions);
+            }
             match format {
                 PlanFormat::Json => println!("{}", serde_json::to_string_pretty(&decisions).unwrap()),
                 PlanFormat::Text => print!("{}", render_plan(&decisions)),
@@ -169,7 +193,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::Success)
         }
         Command::Why { spec, stage, set } => {
-            let (plan, store) = load_plan(&spec, &set)?;
+            let (plan, store) = load_plan(&spec, &set, None)?;
             let i = plan.index(&stage).ok_or_else(|| plan::PlanError::UnknownStage(stage.clone()))?;
             let last = record::last_keys(&plan.spec.workdir());
             let decisions = plan::decide(&plan, &store, &last, &[], false);
@@ -251,7 +275,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::Success)
         }
         Command::Output { spec, stage, set } => {
-            let (plan, store) = load_plan(&spec, &set)?;
+            let (plan, store) = load_plan(&spec, &set, None)?;
             let i = plan.index(&stage).ok_or_else(|| plan::PlanError::UnknownStage(stage.clone()))?;
             let decisions = plan::decide(&plan, &store, &record::last_keys(&plan.spec.workdir()), &[], false);
             match &decisions[i].decision {
@@ -297,15 +321,17 @@ fn native(r: miette::Result<()>) -> Result<ExitCode, Error> {
     }
 }
 
-fn load_plan(path: &Path, set: &[String]) -> Result<(plan::Plan, crate::cache::Store), Error> {
-    let s = spec::load(path, set)?;
+fn load_plan(path: &Path, set: &[String], backend: Option<BackendChoice>) -> Result<(plan::Plan, crate::cache::Store), Error> {
+    let mut s = spec::load(path, set)?;
+    crate::backend::choose(&mut s, backend.map(BackendChoice::name));
     let env = Environment::detect(s.python.as_deref());
     let store = crate::cache::Store::open(&s.workdir())?;
     Ok((plan::build(s, &env)?, store))
 }
 
 fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
-    let s = spec::load(&args.spec, &args.set)?;
+    let mut s = spec::load(&args.spec, &args.set)?;
+    crate::backend::choose(&mut s, args.backend.map(BackendChoice::name));
     for f in &args.force {
         if s.stage(f).is_none() {
             return Err(plan::PlanError::UnknownStage(f.clone()).into());
@@ -316,7 +342,16 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
     let plan = plan::build(s, &env)?;
     let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io(Path::new("tokio runtime"), e))?;
     let opts = crate::exec::Options { jobs: args.jobs, force: args.force, verify: args.verify, mode: Mode::detect(format == LogFormat::Json), overrides: args.set };
-    let outcome = rt.block_on(crate::exec::run(plan, env, opts))?;
+    // A cluster that cannot run the plan is reported before anything starts.
+    let backend = match rt.block_on(crate::backend::Backend::for_spec(&plan.spec)) {
+        Ok(b) => b,
+        Err(e) => {
+            let code = if e.class() == crate::exec::retry::FailureClass::User { ExitCode::Invalid } else { ExitCode::Infra };
+            eprintln!("{:?}", miette::Report::new(e));
+            return Ok(code);
+        }
+    };
+    let outcome = rt.block_on(crate::exec::run_on(plan, env, opts, backend))?;
     let r = &outcome.record;
     let count = |st: StageStatus| r.stages.values().filter(|s| s.status == st).count();
     eprintln!(
@@ -336,6 +371,27 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
     }
     crate::ci::commands::after_run(&outcome.run_dir, args.junit.as_deref(), notify.as_ref(), &rt);
     Ok(crate::exit::for_run(r))
+}
+
+/// Stages that would run because this machine lacks their output, but that the cluster's cache
+/// index lists, are reported as cached in the cluster.
+fn cluster_cached(spec: &spec::Spec, decisions: &mut [plan::StageDecision]) {
+    let Ok(rt) = tokio::runtime::Runtime::new() else { return };
+    let kube = match rt.block_on(crate::backend::kubernetes::Kubernetes::connect_read_only(spec)) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("mflow: cannot read the cluster's cache index: {}", e.explain());
+            return;
+        }
+    };
+    for d in decisions.iter_mut() {
+        let plan::Decision::Run { key: Some(key), reason } = &mut d.decision else { continue };
+        match rt.block_on(kube.cache_get(&spec.pipeline.name, key)) {
+            Ok(Some(entry)) => *reason = format!("cached in the cluster ({}), not visible from here", entry.output),
+            Ok(None) => {}
+            Err(e) => eprintln!("mflow: cannot read the cluster's cache index: {e}"),
+        }
+    }
 }
 
 fn describe(d: &plan::Decision) -> String {

@@ -5,7 +5,7 @@ use std::io::Cursor;
 use quick_xml::events::BytesText;
 use quick_xml::Writer;
 
-use super::run_data::{tail, RunData};
+use super::run_data::{stage_duration, tail, RunData};
 use crate::record::StageStatus;
 
 /// Lines of a failed stage's log carried into its <failure> element.
@@ -17,7 +17,7 @@ pub fn render(run: &RunData) -> String {
     let count = |f: &dyn Fn(StageStatus) -> bool| r.stages.values().filter(|s| f(s.status)).count();
     let failures = count(&|s| s == StageStatus::Failed);
     let skipped = count(&|s| matches!(s, StageStatus::Skipped | StageStatus::Cancelled | StageStatus::Pending));
-    let total: f64 = r.stages.values().filter_map(|s| s.duration_s).sum();
+    let total = r.stages.values().filter_map(stage_duration).fold(0.0, |a, b| a + b);
     let mut w = Writer::new_with_indent(Cursor::new(Vec::new()), b' ', 2);
     let tests = r.order.len().to_string();
     let (failures, skipped, time) = (failures.to_string(), skipped.to_string(), secs(total));
@@ -42,7 +42,7 @@ pub fn render(run: &RunData) -> String {
                         Ok(())
                     })?;
                     for (name, s) in run.stages() {
-                        let time = secs(s.duration_s.unwrap_or(0.0));
+                        let time = secs(stage_duration(s).unwrap_or(0.0));
                         let classname = format!("{}.{}", r.pipeline, s.kind);
                         let case = w.create_element("testcase").with_attributes([("name", name.as_str()), ("classname", classname.as_str()), ("time", time.as_str())]);
                         let message = clean(s.message.as_deref().unwrap_or(""));

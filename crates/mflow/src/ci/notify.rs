@@ -58,7 +58,7 @@ pub fn payload(run: &RunData) -> Json {
         .map(|(name, s)| {
             json!({
                 "name": name, "kind": s.kind, "status": status_word(s.status), "cached": s.status == StageStatus::Cached,
-                "duration_s": s.duration_s, "attempts": s.attempts.len(), "message": s.message, "metrics": s.metrics,
+                "duration_s": super::run_data::stage_duration(s), "attempts": s.attempts.len(), "message": s.message, "metrics": s.metrics,
             })
         })
         .collect();

@@ -115,6 +115,15 @@ pub fn tail(path: &Path, n: usize, max_bytes: u64) -> String {
     lines[from..].join("\n")
 }
 
+/// The stage's wall time: recorded for stages that finished, else the sum of its attempts
+/// (failed stages), else None.
+pub fn stage_duration(s: &StageRecord) -> Option<f64> {
+    s.duration_s.or_else(|| {
+        let times: Vec<f64> = s.attempts.iter().filter_map(|a| a.duration_s).collect();
+        (!times.is_empty()).then(|| times.iter().fold(0.0, |a, b| a + b))
+    })
+}
+
 pub fn status_word(s: StageStatus) -> &'static str {
     match s {
         StageStatus::Pending => "pending",

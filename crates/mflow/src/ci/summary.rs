@@ -4,7 +4,7 @@ use std::io::Write;
 
 use serde_json::Value as Json;
 
-use super::run_data::{human_duration, status_word, RunData};
+use super::run_data::{human_duration, stage_duration, status_word, RunData};
 use super::CiError;
 use crate::record::{RunStatus, StageStatus};
 
@@ -36,7 +36,7 @@ pub fn render(run: &RunData) -> String {
         }
         let cached = if s.status == StageStatus::Cached { "yes" } else { "no" };
         let metrics = s.metrics.as_ref().map(key_metrics).unwrap_or_default();
-        out.push_str(&format!("| {} | {} | {cached} | {} | {} |\n", cell(name), cell(&status), human_duration(s.duration_s), cell(&metrics)));
+        out.push_str(&format!("| {} | {} | {cached} | {} | {} |\n", cell(name), cell(&status), human_duration(stage_duration(s)), cell(&metrics)));
     }
     out.push('\n');
     out

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::Chart;
-use crate::ci::run_data::{human_duration, status_word, RunData};
+use crate::ci::run_data::{human_duration, stage_duration, status_word, RunData};
 use crate::ci::summary::num;
 use crate::record::StageStatus;
 
@@ -49,7 +49,7 @@ pub fn page(run: &RunData, charts: &[Chart]) -> String {
             esc(name),
             esc(&s.kind),
             if s.status == StageStatus::Cached { "yes" } else { "no" },
-            human_duration(s.duration_s),
+            human_duration(stage_duration(s)),
             s.attempts.len(),
             esc(s.key.as_deref().map(crate::cache::key::short).unwrap_or("-")),
             esc(s.message.as_deref().unwrap_or("")),

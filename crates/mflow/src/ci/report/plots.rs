@@ -119,6 +119,7 @@ pub fn timeline(bars: &[Bar]) -> Result<Option<String>, CiError> {
             .y_label_formatter(&name_of)
             .y_labels(n as usize)
             .disable_y_mesh()
+            .light_line_style(WHITE.mix(0.0))
             .label_style(("sans-serif", 13))
             .axis_desc_style(("sans-serif", 13))
             .draw()
