@@ -116,12 +116,13 @@ pub fn new_run_id() -> String {
     format!("{}-{:02x}", t.strftime("%Y%m%d-%H%M%S-%3f"), fastrand::u8(..))
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename.
+/// Writes `bytes` to `path` through a temporary file and a rename. Readers see the old or the
+/// new file, never a torn one. No fsync: records are rewritten at every stage transition, and
+/// only cache commits need to survive a power loss.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp{}", fastrand::u32(..)));
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(bytes)?;
-    f.sync_all()?;
     std::fs::rename(&tmp, path)
 }
 
