@@ -64,7 +64,7 @@ fn renders_valid_objects() {
     assert_eq!(cm.data.unwrap()["spec.toml"], include_str!("fixtures/ci/scheduled.toml"));
 
     let cj: CronJob = typed(&docs[6]);
-    let spec = cj.spec.unwrap();
+    let spec = cj.spec;
     assert_eq!(spec.schedule, "0 3 * * *");
     assert_eq!(spec.time_zone.as_deref(), Some("Europe/Berlin"));
     assert_eq!(spec.concurrency_policy.as_deref(), Some("Forbid"));
