@@ -1,11 +1,15 @@
 //! Where a stage's attempt runs. A backend takes a [`Job`] and returns an [`Outcome`]; it knows
 //! nothing of caching, retries or plans.
 
+pub mod kubernetes;
 pub mod local;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
 
 use crate::exec::retry::FailureClass;
 
@@ -47,4 +51,55 @@ pub enum Cancel {
 pub struct Line {
     pub stage: String,
     pub text: String,
+}
+
+/// Where this run's attempts go: local processes, or TrainJobs on a cluster.
+#[derive(Clone)]
+pub enum Backend {
+    Local,
+    Kubernetes(Arc<kubernetes::Kubernetes>),
+}
+
+impl Backend {
+    /// The spec's backend, connected and checked before anything starts.
+    pub async fn for_spec(spec: &crate::spec::Spec) -> Result<Backend, kubernetes::KubernetesError> {
+        match spec.pipeline.backend.as_str() {
+            "kubernetes" => Ok(Backend::Kubernetes(Arc::new(kubernetes::Kubernetes::connect(spec).await?))),
+            _ => Ok(Backend::Local),
+        }
+    }
+
+    pub async fn run(&self, job: &Job, lines: mpsc::UnboundedSender<Line>, cancel: watch::Receiver<Cancel>) -> Outcome {
+        match self {
+            Backend::Local => local::run(job, lines, cancel).await,
+            Backend::Kubernetes(k) => k.run(job, lines, cancel).await,
+        }
+    }
+
+    /// Called after an output is committed; returns a warning worth showing, if any.
+    pub async fn committed(&self, key: &str, stage: &str, output: &Path, digest: &str) -> Option<String> {
+        match self {
+            Backend::Local => None,
+            Backend::Kubernetes(k) => k.committed(key, stage, output, digest).await,
+        }
+    }
+
+    /// The resources the scheduler hands out: this machine's, or (on a cluster, whose own
+    /// scheduler places pods) as many as stages ask for.
+    pub fn pool(&self, env: &crate::env::Environment) -> crate::exec::pool::Pool {
+        match self {
+            Backend::Local => crate::exec::pool::Pool::new(env.cpus, env.gpus.clone()),
+            Backend::Kubernetes(_) => crate::exec::pool::Pool::new(1 << 16, (0..4096).map(|i| format!("cluster-{i}")).collect()),
+        }
+    }
+}
+
+/// Applies `--backend` and the backend's workdir default to a loaded spec (idempotent).
+pub fn choose(spec: &mut crate::spec::Spec, choice: Option<&str>) {
+    if let Some(c) = choice {
+        spec.pipeline.backend = c.to_string();
+    }
+    if spec.pipeline.backend == "kubernetes" {
+        kubernetes::default_workdir(spec);
+    }
 }

@@ -1,0 +1,495 @@
+//! The Kubernetes backend: every attempt of a stage runs as a Kubeflow Trainer TrainJob through
+//! `mflow_kube`. Artifacts live on the shared ReadWriteMany volume, mounted at `/mflow` in every
+//! pod; mflow itself runs where it sees that volume at the same path (in the cluster, or on a
+//! machine that mounts it there), so the paths the engine hands a stage are valid in its pods.
+//!
+//! * Workdir: `[pipeline] workdir` when it is absolute, else `/mflow/<pipeline>`.
+//! * Image: the stage's `image`, else `[pipeline.kubernetes] train_image` for train, evaluate
+//!   and a verified export, `image` for the rest. Native stages run the image's `mflow`, Python
+//!   stages the image's `python` with the workload code of this mflow (a ConfigMap) first on
+//!   `PYTHONPATH`; torchrun takes its topology from Trainer's `PET_*` variables.
+//! * Runtime: `runtime` for train, evaluate and GPU stages, `cpu_runtime` for the rest.
+//! * Pods start in the image's working directory, and files a stage reads (inputs, `path:`
+//!   models) must be on the volume too: relative paths in the spec resolve against the spec's
+//!   directory, so keep the spec on the volume or use absolute paths below `/mflow`.
+//! * Restart: an own TrainJob of the same attempt is reattached to (never submitted again) and
+//!   its output, written below the earlier process's staging directory, is taken over.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use miette::Diagnostic;
+use mflow_kube::{CacheEntry, JobState, KubeBackend, KubeError, KubeOptions, LogLine, StageRequest, ARTIFACT_MOUNT};
+use serde_json::{Map, Value as Json};
+use thiserror::Error;
+use tokio::sync::{mpsc, watch, OnceCell};
+use tokio_util::sync::CancellationToken;
+
+use super::{Cancel, Job, Line, Outcome};
+use crate::exec::retry::FailureClass;
+use crate::spec::{Resources, Spec};
+use crate::stages::Kind;
+
+const DEFAULT_CPU_RUNTIME: &str = "mflow-cpu";
+
+#[derive(Debug, Error, Diagnostic)]
+pub enum KubernetesError {
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Kube(#[from] KubeError),
+
+    #[error("[pipeline.kubernetes] {key} must be a string")]
+    #[diagnostic(code(mflow::kubernetes::setting), help("write `{key} = \"...\"` under [pipeline.kubernetes]"))]
+    Setting { key: String },
+
+    #[error("stage `{stage}` has no container image")]
+    #[diagnostic(
+        code(mflow::kubernetes::no_image),
+        help("set `{setting}` under [pipeline.kubernetes], or `image` on the stage; the image must contain mflow (and Python with torch for train, evaluate and export)")
+    )]
+    NoImage { stage: String, setting: String },
+
+    #[error("stage `{stage}` is not part of the plan this backend was built for")]
+    #[diagnostic(code(mflow::kubernetes::unknown_stage), help("this is a bug in mflow; please report it"))]
+    UnknownStage { stage: String },
+}
+
+impl KubernetesError {
+    /// The error and its way forward on one line, for a stage's failure message.
+    pub fn explain(&self) -> String {
+        match self.help() {
+            Some(help) => format!("{self} (help: {help})"),
+            None => self.to_string(),
+        }
+    }
+
+    /// The failure class of an attempt that ended with this error: configuration a user must
+    /// fix, or a cluster that did not do its part.
+    pub fn class(&self) -> FailureClass {
+        match self {
+            KubernetesError::Kube(
+                KubeError::Invalid { .. }
+                | KubeError::BadRequest { .. }
+                | KubeError::ReservedEnv { .. }
+                | KubeError::ForeignObject { .. }
+                | KubeError::BadWorkload { .. },
+            )
+            | KubernetesError::Setting { .. }
+            | KubernetesError::NoImage { .. } => FailureClass::User,
+            _ => FailureClass::Infra,
+        }
+    }
+}
+
+/// The workdir of a pipeline on the kubernetes backend: `[pipeline] workdir` when it is
+/// absolute, else `/mflow/<pipeline>` on the artifact volume.
+pub fn default_workdir(spec: &mut Spec) {
+    let explicit = toml::from_str::<toml::Table>(&spec.source)
+        .ok()
+        .and_then(|t| t.get("pipeline")?.get("workdir")?.as_str().map(PathBuf::from));
+    if !explicit.is_some_and(|w| w.is_absolute()) {
+        spec.pipeline.workdir = Path::new(ARTIFACT_MOUNT).join(&spec.pipeline.name);
+    }
+}
+
+/// What the adapter needs to know of a stage beyond its job.
+struct StageInfo {
+    kind: Kind,
+    nodes: u32,
+    image: Option<String>,
+    resources: Resources,
+}
+
+struct Settings {
+    image: Option<String>,
+    train_image: Option<String>,
+    runtime: String,
+    cpu_runtime: String,
+}
+
+pub struct Kubernetes {
+    kube: KubeBackend,
+    pipeline: String,
+    stages: BTreeMap<String, StageInfo>,
+    settings: Settings,
+    /// This binary's path: native stage commands run the image's `mflow` instead.
+    exe: String,
+    /// Digest of the workload ConfigMap, created once per run when a Python stage first runs.
+    workloads: OnceCell<String>,
+}
+
+fn setting(map: &Map<String, Json>, key: &str) -> Result<Option<String>, KubernetesError> {
+    match map.get(key) {
+        None => Ok(None),
+        Some(Json::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(KubernetesError::Setting { key: key.into() }),
+    }
+}
+
+/// Train and evaluate are torchrun jobs: they need the torch runtime's PET_* variables.
+fn is_torch(kind: Kind) -> bool {
+    matches!(kind, Kind::Train | Kind::Evaluate)
+}
+
+impl Kubernetes {
+    /// Connects with the spec's `[pipeline.kubernetes]` settings (the kubeconfig comes from
+    /// `KUBECONFIG`, `~/.kube/config` or the pod's service account) and checks, before any
+    /// stage starts, that the cluster can run the plan.
+    pub async fn connect(spec: &Spec) -> Result<Kubernetes, KubernetesError> {
+        let k = &spec.pipeline.kubernetes;
+        let settings = Settings {
+            image: setting(k, "image")?,
+            train_image: setting(k, "train_image")?,
+            runtime: setting(k, "runtime")?.unwrap_or_else(|| mflow_kube::DEFAULT_RUNTIME.into()),
+            cpu_runtime: setting(k, "cpu_runtime")?.unwrap_or_else(|| DEFAULT_CPU_RUNTIME.into()),
+        };
+        let stages: BTreeMap<String, StageInfo> = spec
+            .stages
+            .iter()
+            .map(|s| {
+                let info = StageInfo { kind: s.kind, nodes: s.nodes.max(1), image: s.image.clone(), resources: s.resources.clone() };
+                (s.name.clone(), info)
+            })
+            .collect();
+        let runtimes: BTreeSet<String> = stages.values().map(|s| runtime_of(&settings, s).to_string()).collect();
+        let opts = KubeOptions {
+            namespace: setting(k, "namespace")?,
+            context: setting(k, "context")?,
+            pvc: setting(k, "pvc")?.unwrap_or_else(|| mflow_kube::DEFAULT_PVC.into()),
+            runtimes: runtimes.into_iter().collect(),
+            ..KubeOptions::default()
+        };
+        let kube = KubeBackend::connect(opts).await?;
+        kube.preflight().await?;
+        let exe = std::env::current_exe().map(|p| p.to_string_lossy().to_string()).unwrap_or_default();
+        Ok(Kubernetes { kube, pipeline: spec.pipeline.name.clone(), stages, settings, exe, workloads: OnceCell::new() })
+    }
+
+    /// Connects without the preflight, for read-only questions such as `mflow plan`'s.
+    pub async fn connect_read_only(spec: &Spec) -> Result<KubeBackend, KubernetesError> {
+        let k = &spec.pipeline.kubernetes;
+        let opts = KubeOptions { namespace: setting(k, "namespace")?, context: setting(k, "context")?, ..KubeOptions::default() };
+        Ok(KubeBackend::connect(opts).await?)
+    }
+
+    pub async fn run(self: &Arc<Self>, job: &Job, lines: mpsc::UnboundedSender<Line>, cancel: watch::Receiver<Cancel>) -> Outcome {
+        let log = match std::fs::File::create(&job.log) {
+            Ok(f) => f,
+            Err(e) => return Outcome::Failed { class: FailureClass::Infra, message: format!("cannot create log {}: {e}", job.log.display()) },
+        };
+        match self.attempt(job, log, lines, cancel).await {
+            Ok(outcome) => outcome,
+            Err(e) => Outcome::Failed { class: e.class(), message: e.explain() },
+        }
+    }
+
+    async fn attempt(&self, job: &Job, log: std::fs::File, lines: mpsc::UnboundedSender<Line>, cancel: watch::Receiver<Cancel>) -> Result<Outcome, KubernetesError> {
+        let info = self.stages.get(&job.stage).ok_or_else(|| KubernetesError::UnknownStage { stage: job.stage.clone() })?;
+        let digest = if info.kind.uses_python() { Some(self.ensure_workloads().await?) } else { None };
+        let req = self.request(job, info, digest)?;
+        let adopt = self.reattach_target(&req, info.kind).await?;
+
+        // Pod lines go to the attempt log and the display, as local output does.
+        let (tx, mut rx) = mpsc::channel::<LogLine>(1024);
+        let stage = job.stage.clone();
+        let pump = tokio::spawn(async move {
+            let mut log = std::io::BufWriter::new(log);
+            while let Some(line) = rx.recv().await {
+                let text = line.to_string();
+                let _ = writeln!(log, "{text}");
+                let _ = log.flush();
+                let _ = lines.send(Line { stage: stage.clone(), text });
+            }
+        });
+        let token = CancellationToken::new();
+        let bridge = {
+            let (token, mut cancel) = (token.clone(), cancel);
+            tokio::spawn(async move {
+                if cancel.wait_for(|c| *c != Cancel::None).await.is_ok() {
+                    token.cancel();
+                }
+            })
+        };
+        let result = self.kube.run(&req, tx, token).await;
+        bridge.abort();
+        let _ = pump.await;
+        let outcome = match result? {
+            mflow_kube::Outcome::Succeeded => {
+                if let Some(earlier) = &adopt {
+                    adopt_output(&earlier.output, Path::new(&req.env["MFLOW_OUTPUT"]));
+                }
+                Outcome::Success
+            }
+            mflow_kube::Outcome::Failed { class, message } => {
+                let class = map_class(class);
+                // The stage's own word (written on the shared volume) refines the pod's exit.
+                let status = adopt.as_ref().map(|a| a.status.clone()).unwrap_or_else(|| job.status_file.clone());
+                match super::local::read_status(&status) {
+                    Some((own, why)) if matches!(class, FailureClass::User | FailureClass::Infra) => Outcome::Failed { class: own, message: why },
+                    _ => Outcome::Failed { class, message },
+                }
+            }
+        };
+        Ok(outcome)
+    }
+
+    async fn ensure_workloads(&self) -> Result<String, KubernetesError> {
+        let digest = self
+            .workloads
+            .get_or_try_init(|| async {
+                let digest = crate::env::workloads_digest();
+                self.kube.ensure_workloads(&digest, &workload_files()).await?;
+                Ok::<_, KubernetesError>(digest)
+            })
+            .await?;
+        Ok(digest.clone())
+    }
+
+    /// An own TrainJob of this attempt left by an earlier mflow process writes its output where
+    /// that process staged it. Reattach to it and take that output over, unless it already
+    /// finished and its output is gone: then it is deleted and the attempt runs afresh.
+    async fn reattach_target(&self, req: &StageRequest, kind: Kind) -> Result<Option<Earlier>, KubernetesError> {
+        let Some(existing) = self.kube.existing(req).await? else { return Ok(None) };
+        let (Some(output), Some(ours)) = (existing.env.get("MFLOW_OUTPUT"), req.env.get("MFLOW_OUTPUT")) else { return Ok(None) };
+        if output == ours {
+            return Ok(None);
+        }
+        let output = PathBuf::from(output);
+        let status = existing.env.get("MFLOW_STATUS").map(PathBuf::from).unwrap_or_default();
+        match existing.state {
+            JobState::Complete if !output.is_dir() => {
+                self.kube.forget(req).await?;
+                Ok(None)
+            }
+            JobState::Complete | JobState::Failed { .. } => Ok(Some(Earlier { output, status })),
+            JobState::Queued | JobState::Active => {
+                // Starting this run cleared the earlier staging directory; the running stage
+                // writes below it again. Native commands create `out` themselves.
+                let dir = if native(kind) { output.parent().map(Path::to_path_buf).unwrap_or_default() } else { output.clone() };
+                let _ = std::fs::create_dir_all(dir);
+                Ok(Some(Earlier { output, status }))
+            }
+        }
+    }
+
+    fn request(&self, job: &Job, info: &StageInfo, workload_digest: Option<String>) -> Result<StageRequest, KubernetesError> {
+        let gpu_image = is_torch(info.kind) || (info.kind == Kind::Export && job.steps.len() > 1);
+        let (setting, fallback) = if gpu_image { ("train_image", self.settings.train_image.clone().or(self.settings.image.clone())) } else { ("image", self.settings.image.clone()) };
+        let image = info.image.clone().or(fallback).ok_or_else(|| KubernetesError::NoImage { stage: job.stage.clone(), setting: setting.into() })?;
+        let steps: Vec<Vec<String>> = job.steps.iter().map(|argv| self.in_image(info.kind, argv)).collect();
+        let command = match steps.as_slice() {
+            [one] => one.clone(),
+            many => vec!["sh".into(), "-c".into(), many.iter().map(|argv| shell_line(argv)).collect::<Vec<_>>().join(" && ")],
+        };
+        let nproc = job.env.get("PET_NPROC_PER_NODE").and_then(|n| n.parse().ok()).unwrap_or(1);
+        // Trainer injects PET_*, the device plugin CUDA_VISIBLE_DEVICES, and the workload
+        // ConfigMap PYTHONPATH; local values of those would be wrong in a pod.
+        let env = job
+            .env
+            .iter()
+            .filter(|(k, _)| !k.starts_with("PET_") && *k != "CUDA_VISIBLE_DEVICES" && !(workload_digest.is_some() && *k == "PYTHONPATH"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Ok(StageRequest {
+            pipeline: self.pipeline.clone(),
+            stage: job.stage.clone(),
+            key: job.key.clone(),
+            attempt: job.attempt,
+            kind: info.kind.name().into(),
+            image,
+            command,
+            env,
+            num_nodes: info.nodes,
+            nproc_per_node: nproc,
+            gpus_per_node: info.resources.gpus,
+            cpus: Some(cpu_quantity(info.resources.cpus)),
+            memory: info.resources.memory.clone(),
+            runtime: runtime_of(&self.settings, info).to_string(),
+            workload_digest,
+            timeout: job.timeout,
+        })
+    }
+
+    /// A step as the image runs it: `mflow` and `python` from the image's PATH, and torchrun
+    /// taking its topology from Trainer's PET_* variables rather than local flags.
+    fn in_image(&self, kind: Kind, argv: &[String]) -> Vec<String> {
+        let Some((program, args)) = argv.split_first() else { return Vec::new() };
+        if kind == Kind::Command {
+            return argv.to_vec();
+        }
+        if *program == self.exe {
+            return std::iter::once("mflow".to_string()).chain(args.iter().cloned()).collect();
+        }
+        if !kind.uses_python() {
+            return argv.to_vec();
+        }
+        let torchrun = args.get(..2) == Some(&["-m".to_string(), "torch.distributed.run".to_string()][..]);
+        const LOCAL_TOPOLOGY: &[&str] = &["--nnodes=", "--nproc-per-node=", "--node-rank=", "--master-addr=", "--master-port="];
+        std::iter::once("python".to_string())
+            .chain(args.iter().filter(|a| !(torchrun && LOCAL_TOPOLOGY.iter().any(|f| a.starts_with(f)))).cloned())
+            .collect()
+    }
+
+    /// Records a committed output in the cluster's cache index; returns a warning on failure
+    /// (the local commit stands either way).
+    pub async fn committed(&self, key: &str, stage: &str, output: &Path, digest: &str) -> Option<String> {
+        let kind = self.stages.get(stage).map(|s| s.kind.name()).unwrap_or("command");
+        let entry = CacheEntry {
+            stage: stage.into(),
+            kind: kind.into(),
+            output: volume_relative(output),
+            digest: Some(digest.into()),
+            bytes: dir_bytes(output),
+            created: crate::record::now(),
+            extra: BTreeMap::new(),
+        };
+        match self.kube.cache_put(&self.pipeline, key, &entry).await {
+            Ok(()) => None,
+            Err(e) => Some(format!("cannot record the output in the cluster cache index: {}", KubernetesError::from(e).explain())),
+        }
+    }
+}
+
+struct Earlier {
+    output: PathBuf,
+    status: PathBuf,
+}
+
+fn native(kind: Kind) -> bool {
+    !matches!(kind, Kind::Command | Kind::Train | Kind::Evaluate)
+}
+
+fn runtime_of<'a>(settings: &'a Settings, info: &StageInfo) -> &'a str {
+    if is_torch(info.kind) || info.resources.gpus > 0 {
+        &settings.runtime
+    } else {
+        &settings.cpu_runtime
+    }
+}
+
+fn map_class(class: mflow_kube::FailureClass) -> FailureClass {
+    match class {
+        mflow_kube::FailureClass::Infra => FailureClass::Infra,
+        mflow_kube::FailureClass::User => FailureClass::User,
+        mflow_kube::FailureClass::Oom => FailureClass::Oom,
+        mflow_kube::FailureClass::Timeout => FailureClass::Timeout,
+        mflow_kube::FailureClass::Cancelled => FailureClass::Cancelled,
+    }
+}
+
+/// Moves the output an earlier process's TrainJob wrote into this attempt's staging directory.
+fn adopt_output(earlier: &Path, ours: &Path) {
+    if !earlier.is_dir() {
+        return;
+    }
+    // `ours` is empty (or absent, for native stages); it only stands in the way.
+    let _ = std::fs::remove_dir(ours);
+    if std::fs::rename(earlier, ours).is_ok() {
+        if let Some(parent) = earlier.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
+    }
+}
+
+/// CPU request in Kubernetes quantity syntax: whole cores, or millicores.
+fn cpu_quantity(cpus: f64) -> String {
+    let cpus = if cpus > 0.0 { cpus } else { 1.0 };
+    if cpus.fract() == 0.0 {
+        format!("{}", cpus as u64)
+    } else {
+        format!("{}m", (cpus * 1000.0).round() as u64)
+    }
+}
+
+/// A path on the artifact volume as the cache index stores it: relative to the mount.
+fn volume_relative(path: &Path) -> String {
+    match path.strip_prefix(ARTIFACT_MOUNT) {
+        Ok(rel) => rel.display().to_string(),
+        Err(_) => path.display().to_string(),
+    }
+}
+
+fn dir_bytes(dir: &Path) -> Option<u64> {
+    fn walk(p: &Path) -> u64 {
+        std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| match e.file_type() {
+                Ok(t) if t.is_dir() => walk(&e.path()),
+                _ => e.metadata().map(|m| m.len()).unwrap_or(0),
+            })
+            .sum()
+    }
+    dir.is_dir().then(|| walk(dir))
+}
+
+/// Quotes one argument for `sh -c`.
+fn shell_quote(arg: &str) -> String {
+    if !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b)) {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', "'\\''"))
+    }
+}
+
+fn shell_line(argv: &[String]) -> String {
+    argv.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ")
+}
+
+/// The embedded workload package, keyed by path below the workloads root.
+fn workload_files() -> BTreeMap<String, String> {
+    fn walk(dir: &include_dir::Dir<'_>, out: &mut BTreeMap<String, String>) {
+        for f in dir.files() {
+            let path = f.path().to_string_lossy().to_string();
+            if path.ends_with(".pyc") {
+                continue;
+            }
+            if let Some(text) = f.contents_utf8() {
+                out.insert(format!("mflow_workloads/{path}"), text.to_string());
+            }
+        }
+        for sub in dir.dirs() {
+            let name = sub.path().file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            if name != "__pycache__" && name != "tests" {
+                walk(sub, out);
+            }
+        }
+    }
+    let mut files = BTreeMap::new();
+    walk(&crate::env::WORKLOADS, &mut files);
+    files
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_lines_survive_quotes_and_spaces() {
+        let argv = vec!["mflow".to_string(), "export".into(), "/mflow/a b".into(), "it's".into(), "".into()];
+        assert_eq!(shell_line(&argv), r#"mflow export '/mflow/a b' 'it'\''s' ''"#);
+    }
+
+    #[test]
+    fn cpu_quantities() {
+        assert_eq!(cpu_quantity(2.0), "2");
+        assert_eq!(cpu_quantity(0.5), "500m");
+        assert_eq!(cpu_quantity(0.0), "1");
+    }
+
+    #[test]
+    fn volume_paths_are_relative_to_the_mount() {
+        assert_eq!(volume_relative(Path::new("/mflow/p/cache/k/out")), "p/cache/k/out");
+        assert_eq!(volume_relative(Path::new("/elsewhere/out")), "/elsewhere/out");
+    }
+
+    #[test]
+    fn workloads_ship_as_utf8_files_below_their_package() {
+        let files = workload_files();
+        assert!(files.contains_key("mflow_workloads/train.py"), "{:?}", files.keys().collect::<Vec<_>>());
+        assert!(files.keys().all(|k| k.starts_with("mflow_workloads/") && !k.contains("__pycache__")));
+    }
+}

@@ -1,0 +1,238 @@
+//! `backend = "kubernetes"` end to end: the real binary against an in-process API server and a
+//! fake Trainer controller that runs each TrainJob's command on this machine (as if the
+//! artifact volume were mounted at the same path in the pods).
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mflow_kube::testing::controller::{self, Scenario};
+use mflow_kube::testing::fake_api::FakeApi;
+use serde_json::Value;
+
+const NS: &str = "ml";
+
+struct Cluster {
+    api: FakeApi,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+    _controller: tokio::task::JoinHandle<()>,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let api = FakeApi::start().await;
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/kubernetes/runtime.yaml");
+        let runtime: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut cpu = runtime.clone();
+        cpu["metadata"]["name"] = "mflow-cpu".into();
+        api.add_runtime(runtime);
+        api.add_runtime(cpu);
+        api.add_pvc(NS, "mflow-artifacts");
+        let controller = controller::spawn(api.shared.clone(), Arc::new(|_: &Value| Scenario::Exec));
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = api.kubeconfig(dir.path(), NS);
+        Cluster { api, dir, kubeconfig, _controller: controller }
+    }
+
+    fn workdir(&self) -> PathBuf {
+        self.dir.path().join("volume/kube-demo")
+    }
+
+    /// Writes a spec of `stages` whose workdir is on the (stand-in) artifact volume.
+    fn spec(&self, name: &str, stages: &str) -> PathBuf {
+        let text = format!(
+            "[pipeline]\nname = \"kube-demo\"\nbackend = \"kubernetes\"\nworkdir = \"{}\"\n\n[pipeline.kubernetes]\nimage = \"ghcr.io/mflow-dev/mflow:0.1.0\"\n\n{stages}",
+            self.workdir().display()
+        );
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_mflow"));
+        cmd.args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("NO_COLOR", "1")
+            .env_remove("MFLOW_PROGRESS")
+            .current_dir(self.dir.path())
+            .kill_on_drop(true)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd
+    }
+
+    async fn mflow(&self, args: &[&str]) -> Output {
+        tokio::time::timeout(Duration::from_secs(60), self.command(args).output()).await.expect("mflow finished in time").unwrap()
+    }
+
+    fn trainjobs_created(&self) -> usize {
+        self.api.shared.count_requests(&format!("POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs"))
+    }
+
+    fn latest_record(&self) -> Value {
+        let runs = self.workdir().join("runs");
+        let mut ids: Vec<String> = std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+        ids.sort();
+        let last = ids.last().expect("a run record");
+        serde_json::from_slice(&std::fs::read(runs.join(last).join("run.json")).unwrap()).unwrap()
+    }
+
+    fn attempt_log(&self, stage: &str, attempt: u32) -> String {
+        let runs = self.workdir().join("runs");
+        let mut ids: Vec<String> = std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+        ids.sort();
+        std::fs::read_to_string(runs.join(ids.last().unwrap()).join(format!("stages/{stage}/attempt-{attempt}.log"))).unwrap_or_default()
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn output_of(record: &Value, stage: &str) -> PathBuf {
+    PathBuf::from(record["stages"][stage]["output"].as_str().unwrap_or_else(|| panic!("{stage} has an output: {record:#}")))
+}
+
+const TWO_STAGES: &str = r#"[stages.hello]
+kind = "command"
+nodes = 2
+run = ["sh", "-c", "echo hello from rank $PET_NODE_RANK of $PET_NNODES; mkdir -p $MFLOW_OUTPUT; echo hi > $MFLOW_OUTPUT/greeting.txt"]
+
+[stages.shout]
+kind = "command"
+needs = ["hello"]
+run = ["sh", "-c", "tr a-z A-Z < $MFLOW_INPUT_HELLO/greeting.txt > $MFLOW_OUTPUT/greeting.txt"]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_runs_as_trainjobs_and_is_cached_locally_and_in_the_cluster() {
+    let cluster = Cluster::start().await;
+    let spec = cluster.spec("spec.toml", TWO_STAGES);
+    let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(cluster.trainjobs_created(), 2);
+
+    let record = cluster.latest_record();
+    assert_eq!(record["stages"]["shout"]["status"], "succeeded");
+    assert_eq!(std::fs::read_to_string(output_of(&record, "shout").join("greeting.txt")).unwrap(), "HI\n");
+    // Both nodes' output reaches the attempt log, each line with its rank.
+    let log = cluster.attempt_log("hello", 1);
+    assert!(log.contains("[rank 0] hello from rank 0 of 2"), "{log}");
+    assert!(log.contains("[rank 1] hello from rank 1 of 2"), "{log}");
+    assert!(log.contains("mflow: submitted TrainJob kube-demo-hello-"), "{log}");
+
+    // The cluster's cache index has both outputs.
+    let index: Vec<Value> = cluster.api.shared.list("configmaps", NS).into_iter().filter(|c| c["metadata"]["labels"]["mflow.dev/component"] == "cache").collect();
+    assert_eq!(index.len(), 2, "{index:#?}");
+    let entry: Value = serde_json::from_str(index[0]["data"]["entry.json"].as_str().unwrap()).unwrap();
+    assert!(Path::new(entry["output"].as_str().unwrap()).is_dir(), "{entry:#}");
+
+    // Nothing runs again.
+    let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(cluster.trainjobs_created(), 2);
+    assert_eq!(cluster.latest_record()["stages"]["hello"]["status"], "cached");
+
+    // Seen from a workdir without those outputs, `plan` reports what the cluster has.
+    let elsewhere = cluster.spec("elsewhere.toml", TWO_STAGES).to_str().unwrap().to_string();
+    let moved = std::fs::read_to_string(&elsewhere).unwrap().replace("volume/kube-demo", "other/kube-demo");
+    std::fs::write(&elsewhere, moved).unwrap();
+    let o = cluster.mflow(&["plan", &elsewhere]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let root = cluster.dir.path().display().to_string();
+    let key = record["stages"]["hello"]["key"].as_str().unwrap().to_string();
+    insta::with_settings!({filters => vec![(root.as_str(), "[TMP]"), (key.as_str(), "[KEY]")]}, {
+        insta::assert_snapshot!("kube_plan_cached_in_cluster", String::from_utf8_lossy(&o.stdout));
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_is_retried_as_a_new_trainjob() {
+    let cluster = Cluster::start().await;
+    let spec = cluster.spec(
+        "spec.toml",
+        r#"[stages.flaky]
+kind = "command"
+retries = { max = 1, backoff = "10ms", on = ["infra"] }
+run = ["sh", "-c", "if [ $MFLOW_ATTEMPT = 1 ]; then echo '{\"class\": \"infra\", \"message\": \"lost the node\"}' > $MFLOW_STATUS; exit 3; fi; echo ok > $MFLOW_OUTPUT/ok"]
+"#,
+    );
+    let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(cluster.trainjobs_created(), 2);
+    let record = cluster.latest_record();
+    let attempts = record["stages"]["flaky"]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{record:#}");
+    assert_eq!(attempts[0]["outcome"], "infra");
+    assert_eq!(attempts[0]["message"], "lost the node");
+    assert_eq!(attempts[1]["outcome"], "success");
+    let names: Vec<String> = cluster.api.shared.list("trainjobs", NS).iter().map(|j| j["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    assert!(names.iter().any(|n| n.ends_with("-a2")), "{names:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_failure_names_the_rank_and_exit_code() {
+    let cluster = Cluster::start().await;
+    let spec = cluster.spec("spec.toml", "[stages.broken]\nkind = \"command\"\nrun = [\"sh\", \"-c\", \"echo bad input >&2; exit 7\"]\n");
+    let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let record = cluster.latest_record();
+    let message = record["stages"]["broken"]["message"].as_str().unwrap();
+    assert!(message.starts_with("user: rank 0: container node exited with code 7"), "{message}");
+    assert!(cluster.attempt_log("broken", 1).contains("[rank 0] bad input"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_mflow_reattaches_instead_of_resubmitting() {
+    let cluster = Cluster::start().await;
+    let release = cluster.dir.path().join("release");
+    let spec = cluster.spec(
+        "spec.toml",
+        &format!(
+            "[stages.long]\nkind = \"command\"\nenv = {{ RELEASE = \"{}\" }}\nrun = [\"sh\", \"-c\", \"echo waiting; while [ ! -e $RELEASE ]; do sleep 0.05; done; echo done > $MFLOW_OUTPUT/result.txt\"]\n",
+            release.display()
+        ),
+    );
+    let mut first = cluster.command(&["run", spec.to_str().unwrap()]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.api.shared.list("pods", NS).is_empty() {
+        assert!(Instant::now() < deadline, "no pod started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.kill().await.unwrap();
+    let _ = first.wait().await;
+    assert_eq!(cluster.trainjobs_created(), 1);
+
+    let second = cluster.command(&["run", spec.to_str().unwrap()]).spawn().unwrap();
+    // Release the stage once the second mflow is attached.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cluster.attempt_log("long", 1).contains("reattaching to TrainJob") {
+        assert!(Instant::now() < deadline, "the second mflow did not reattach");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::write(&release, "").unwrap();
+    let o = tokio::time::timeout(Duration::from_secs(60), second.wait_with_output()).await.unwrap().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(cluster.trainjobs_created(), 1, "the TrainJob was submitted again");
+    let record = cluster.latest_record();
+    assert_eq!(std::fs::read_to_string(output_of(&record, "long").join("result.txt")).unwrap(), "done\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_permissions_stop_the_run_before_it_starts() {
+    let cluster = Cluster::start().await;
+    cluster.api.shared.deny("create", "trainjobs");
+    let spec = cluster.spec("spec.toml", TWO_STAGES);
+    let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("cannot create trainjobs in namespace \"ml\""), "{err}");
+    assert!(err.contains("examples/kubernetes/rbac.yaml"), "{err}");
+    assert!(!err.contains("not-a-real-token"), "{err}");
+    assert_eq!(cluster.trainjobs_created(), 0);
+    assert!(!cluster.workdir().join("runs").exists(), "a run started");
+}
