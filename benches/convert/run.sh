@@ -28,11 +28,12 @@ measure() {
   local label=$1 bytes=$2; shift 2
   cache "$SRC"
   /usr/bin/time -v -o "$WORK/time.txt" bash -c "$* && sync"
-  local wall rss
+  local wall rss load
+  load=$(cut -d' ' -f1 /proc/loadavg)  # 1-minute load just after the run: others' work on the machine
   wall=$(grep "Elapsed (wall clock)" "$WORK/time.txt" | awk '{print $NF}')
   SECS=$(echo "$wall" | awk -F: '{ if (NF==3) print $1*3600+$2*60+$3; else print $1*60+$2 }')
   rss=$(grep "Maximum resident set size" "$WORK/time.txt" | awk '{print $NF}')
-  printf "| %-28s | %8.2f s | %6.2f GB/s | %8.0f MB | %s |\n" "$label" "$SECS" "$(echo "$bytes / $SECS / 1000000000" | bc -l)" "$(echo "$rss / 1024" | bc -l)" "$CACHE"
+  printf "| %-28s | %8.2f s | %6.2f GB/s | %8.0f MB | %s | %s |\n" "$label" "$SECS" "$(echo "$bytes / $SECS / 1000000000" | bc -l)" "$(echo "$rss / 1024" | bc -l)" "$CACHE" "$load"
 }
 
 median() { printf "%s\n" "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
@@ -44,8 +45,8 @@ bench() {
   local bytes
   bytes=$(cat "$SRC"/*.safetensors | wc -c)
   echo "## $name: $(echo "$bytes / 1000000000" | bc -l | cut -c1-5) GB of safetensors, $reps round(s)"
-  echo "| run | wall | throughput | peak RSS | page cache |"
-  echo "|---|---|---|---|---|"
+  echo "| run | wall | throughput | peak RSS | page cache | load avg |"
+  echo "|---|---|---|---|---|---|"
   local cps=() mfs=() pys=() d1 d2=""
   for _ in $(seq "$reps"); do
     rm -rf "$WORK/$name-cp" "$WORK/$name-mflow" "$WORK/$name-py"
