@@ -1,8 +1,10 @@
 //! Benchmark ceiling: the `tokenizers` crate encoding a JSONL corpus that is already in memory,
 //! with the same batches and rayon parallelism as the dataset build, and no output.
 //!
-//! usage: encode-ceiling CORPUS.jsonl TOKENIZER.json [THREADS] [BPE_CACHE_WORDS]
-//! (BPE_CACHE_WORDS: the crate's default, 10,000 words per thread, when absent)
+//! usage: encode-ceiling CORPUS.jsonl TOKENIZER.json [THREADS] [PATH]
+//! PATH: `default` (the crate's `Tokenizer::encode_fast` with its default BPE cache of 10,000
+//! words per thread; the ceiling), `cache:WORDS` (the same with the BPE cache resized), or
+//! `memo` (mflow's encode path: `mflow_data::tokenize::Encoder` with its word memo).
 
 use std::io::BufRead;
 use std::time::Instant;
@@ -13,11 +15,25 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (corpus, tok) = (&args[1], &args[2]);
     let threads: usize = args.get(3).map_or(0, |t| t.parse().expect("THREADS is a number"));
+    let path = args.get(4).map_or("default", String::as_str);
     let mut tokenizer = tokenizers::Tokenizer::from_file(tok).expect("tokenizer loads");
-    if let Some(words) = args.get(4) {
-        let mut model = tokenizer.get_model().clone();
-        model.resize_cache(words.parse().expect("BPE_CACHE_WORDS is a number"));
-        tokenizer.with_model(model);
+    let mut memo_encoder = None;
+    match path.split_once(':') {
+        _ if path == "default" => {}
+        _ if path == "memo" => {
+            let source = mflow_data::options::TokenizerSource::HfFile(tok.into());
+            let workers = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+            let encoder = mflow_data::tokenize::Encoder::load(&source, None, true).expect("tokenizer loads");
+            let encoder = encoder.with_word_memo(workers, workers * (64 << 20));
+            assert!(encoder.uses_word_memo(), "this tokenizer does not allow the word memo");
+            memo_encoder = Some(encoder);
+        }
+        Some(("cache", words)) => {
+            let mut model = tokenizer.get_model().clone();
+            model.resize_cache(words.parse().expect("cache:WORDS takes a number"));
+            tokenizer.with_model(model);
+        }
+        _ => panic!("PATH is default, cache:WORDS or memo, not {path:?}"),
     }
 
     let t0 = Instant::now();
@@ -45,13 +61,20 @@ fn main() {
     let tokens: usize = pool.install(|| {
         batches
             .par_iter()
-            .map(|b| b.iter().map(|d| tokenizer.encode_fast(*d, true).unwrap().get_ids().len()).sum::<usize>())
+            .map(|b| match &memo_encoder {
+                // without the end-of-document id, as for the crate's path
+                Some(enc) => {
+                    let mut ids = Vec::new();
+                    b.iter().map(|d| { ids.clear(); enc.encode_into(d, None, &mut ids).unwrap(); ids.len() - 1 }).sum::<usize>()
+                }
+                None => b.iter().map(|d| tokenizer.encode_fast(*d, true).unwrap().get_ids().len()).sum::<usize>(),
+            })
             .sum()
     });
     let (secs, cpu) = (t1.elapsed().as_secs_f64(), cpu_seconds() - cpu1);
     let bytes: usize = docs.iter().map(|d| d.len()).sum();
     println!(
-        "{{\"docs\": {}, \"text_bytes\": {}, \"tokens\": {}, \"load_s\": {:.2}, \"encode_s\": {:.2}, \"encode_cpu_s\": {:.2}, \"MBps\": {:.2}, \"Mtok_per_s\": {:.3}}}",
+        "{{\"path\": \"{path}\", \"docs\": {}, \"text_bytes\": {}, \"tokens\": {}, \"load_s\": {:.2}, \"encode_s\": {:.2}, \"encode_cpu_s\": {:.2}, \"MBps\": {:.2}, \"Mtok_per_s\": {:.3}}}",
         docs.len(), bytes, tokens, load_s, secs, cpu, bytes as f64 / 1e6 / secs, tokens as f64 / 1e6 / secs
     );
 }

@@ -144,11 +144,12 @@ struct Encoded {
 /// to `MFLOW_PROGRESS` (or a terminal bar) in input bytes.
 pub fn build(opts: &Options) -> Result<Summary, BuildError> {
     let started = Instant::now();
-    let encoder = Arc::new(opts.validate()?);
+    let threads = if opts.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { opts.threads };
+    let memo_bytes = usize::try_from(opts.word_memo_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+    let encoder = Arc::new(opts.validate()?.with_word_memo(threads, threads.saturating_mul(memo_bytes)));
     let files = input::expand(&opts.inputs, opts.format)?;
     let total_bytes: u64 = files.iter().map(|f| f.bytes).sum();
     let reporter = Reporter::new("tokenize", Some(total_bytes), "bytes");
-    let threads = if opts.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { opts.threads };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(|i| format!("mflow-tokenize-{i}"))

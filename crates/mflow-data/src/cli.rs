@@ -52,6 +52,10 @@ pub struct DatasetArgs {
     /// do not add the tokenizer's special tokens (e.g. BOS) around each document
     #[arg(long)]
     pub no_special_tokens: bool,
+    /// memory cap in MiB of each thread's word memo (ids of words already seen); 0 encodes
+    /// every document with the tokenizer's own `encode`. The ids are the same either way.
+    #[arg(long, default_value_t = 64)]
+    pub word_memo_mib: u64,
 }
 
 /// Runs the stage: tokenizes the corpus into `--out` and prints a one-line summary.

@@ -7,9 +7,11 @@
 //! tokenizer). Library users call [`build`] directly.
 
 pub mod build;
+mod bytelevel;
 pub mod cli;
 pub mod indexed;
 pub mod input;
+mod memo;
 pub mod options;
 pub mod output;
 pub mod split;

@@ -123,6 +123,8 @@ pub struct Options {
     pub threads: usize,
     pub eod: Option<String>,
     pub add_special_tokens: bool,
+    /// Cap of each worker's word memo in MiB; 0 turns the memo off.
+    pub word_memo_mib: u64,
 }
 
 impl Options {
@@ -170,6 +172,7 @@ impl Options {
             threads: args.threads.unwrap_or(0),
             eod: args.eod.clone(),
             add_special_tokens: !args.no_special_tokens,
+            word_memo_mib: args.word_memo_mib,
         })
     }
 

@@ -8,6 +8,7 @@ use thiserror::Error;
 use tokenizers::Tokenizer;
 
 use crate::indexed::Dtype;
+use crate::memo::WordMemo;
 use crate::options::TokenizerSource;
 
 /// End-of-document id of the byte-level tokenizer.
@@ -45,7 +46,7 @@ pub enum TokenizerError {
 }
 
 enum Kind {
-    Hf { tokenizer: Box<Tokenizer>, path: PathBuf },
+    Hf { tokenizer: Box<Tokenizer>, path: PathBuf, memo: Option<WordMemo> },
     ByteLevel,
 }
 
@@ -77,6 +78,27 @@ impl Encoder {
     pub fn with_dtype(mut self, dtype: Dtype) -> Encoder {
         self.dtype = dtype;
         self
+    }
+
+    /// Encodes through a per-worker word memo of at most `cap_bytes` in all (see [`crate::memo`]),
+    /// when the tokenizer allows it; the ids stay those of `Tokenizer::encode`. `workers` is the
+    /// size of the rayon pool that will call [`Encoder::encode_into`]. A cap of 0 turns it off.
+    pub fn with_word_memo(mut self, workers: usize, cap_bytes: usize) -> Encoder {
+        if let Kind::Hf { tokenizer, memo, .. } = &mut self.kind {
+            *memo = WordMemo::for_tokenizer(tokenizer, self.add_special_tokens, workers, cap_bytes);
+        }
+        self
+    }
+
+    /// Whether [`Encoder::encode_into`] goes through the word memo rather than `encode_fast`.
+    pub fn uses_word_memo(&self) -> bool {
+        matches!(&self.kind, Kind::Hf { memo: Some(_), .. })
+    }
+
+    /// Whether the word memo cuts words with mflow's lean byte-level splitter (see
+    /// `bytelevel`) rather than the crate's pre-tokenizer.
+    pub fn uses_lean_splitter(&self) -> bool {
+        matches!(&self.kind, Kind::Hf { memo: Some(memo), .. } if memo.is_lean())
     }
 
     pub fn dtype(&self) -> Dtype {
@@ -114,11 +136,12 @@ impl Encoder {
         let start = out.len();
         match &self.kind {
             Kind::ByteLevel => out.extend(text.bytes().map(u32::from)),
-            Kind::Hf { tokenizer, path } => {
-                let enc = tokenizer
-                    .encode_fast(text, self.add_special_tokens)
-                    .map_err(|e| TokenizerError::Encode { path: path.clone(), message: e.to_string() })?;
-                out.extend_from_slice(enc.get_ids());
+            Kind::Hf { tokenizer, path, memo } => {
+                let encode_err = |e: tokenizers::Error| TokenizerError::Encode { path: path.clone(), message: e.to_string() };
+                match memo {
+                    Some(memo) => memo.encode_into(tokenizer, text, out).map_err(encode_err)?,
+                    None => out.extend_from_slice(tokenizer.encode_fast(text, self.add_special_tokens).map_err(encode_err)?.get_ids()),
+                }
             }
         }
         let truncated = match max_tokens {
@@ -188,7 +211,7 @@ fn load_hf(path: &Path, eod: Option<&str>, add_special_tokens: bool) -> Result<E
         }
     };
     Ok(Encoder {
-        kind: Kind::Hf { tokenizer: Box::new(tokenizer), path: path.to_path_buf() },
+        kind: Kind::Hf { tokenizer: Box::new(tokenizer), path: path.to_path_buf(), memo: None },
         eod: eod_id,
         eod_token,
         vocab_size,
