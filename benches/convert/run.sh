@@ -17,8 +17,13 @@ mkdir -p "$WORK"
 BIN=$TARGET/release/examples/mflow-ckpt
 df -h "$WORK" | tail -1
 
+# On tmpfs the data is memory whatever the cache state: nothing to drop or flush, and a global sync
+# would only time other processes' disk writes.
+TMPFS=$([ "$(stat -f -c %T "$WORK")" = tmpfs ] && echo 1 || echo 0)
+SYNC=$([ "$TMPFS" = 1 ] && echo true || echo sync)
 CACHE=""
 cache() {
+  if [ "$TMPFS" = 1 ]; then CACHE=tmpfs; return; fi
   sync
   if echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then CACHE=cold; else cat "$1"/*.safetensors > /dev/null; CACHE=warm; fi
 }
@@ -27,13 +32,15 @@ cache() {
 measure() {
   local label=$1 bytes=$2; shift 2
   cache "$SRC"
-  /usr/bin/time -v -o "$WORK/time.txt" bash -c "$* && sync"
+  /usr/bin/time -v -o "$WORK/time.txt" bash -c "$* && $SYNC"
   local wall rss load
   load=$(cut -d' ' -f1 /proc/loadavg)  # 1-minute load just after the run: others' work on the machine
   wall=$(grep "Elapsed (wall clock)" "$WORK/time.txt" | awk '{print $NF}')
   SECS=$(echo "$wall" | awk -F: '{ if (NF==3) print $1*3600+$2*60+$3; else print $1*60+$2 }')
   rss=$(grep "Maximum resident set size" "$WORK/time.txt" | awk '{print $NF}')
-  printf "| %-28s | %8.2f s | %6.2f GB/s | %8.0f MB | %s | %s |\n" "$label" "$SECS" "$(echo "$bytes / $SECS / 1000000000" | bc -l)" "$(echo "$rss / 1024" | bc -l)" "$CACHE" "$load"
+  # CPU seconds (user + system) are much less sensitive than wall time to others' load.
+  CPU=$(awk -F': ' '/User time|System time/ {s += $2} END {printf "%.2f", s}' "$WORK/time.txt")
+  printf "| %-28s | %8.2f s | %6.2f s | %6.2f GB/s | %8.0f MB | %s | %s |\n" "$label" "$SECS" "$CPU" "$(echo "$bytes / $SECS / 1000000000" | bc -l)" "$(echo "$rss / 1024" | bc -l)" "$CACHE" "$load"
 }
 
 median() { printf "%s\n" "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
@@ -45,14 +52,14 @@ bench() {
   local bytes
   bytes=$(cat "$SRC"/*.safetensors | wc -c)
   echo "## $name: $(echo "$bytes / 1000000000" | bc -l | cut -c1-5) GB of safetensors, $reps round(s)"
-  echo "| run | wall | throughput | peak RSS | page cache | load avg |"
-  echo "|---|---|---|---|---|---|"
-  local cps=() mfs=() pys=() d1 d2=""
+  echo "| run | wall | CPU | throughput | peak RSS | page cache | load avg |"
+  echo "|---|---|---|---|---|---|---|"
+  local cps=() mfs=() pys=() cpc=() mfc=() pyc=() d1 d2=""
   for _ in $(seq "$reps"); do
     rm -rf "$WORK/$name-cp" "$WORK/$name-mflow" "$WORK/$name-py"
-    measure "cp -r" "$bytes" cp -r "$SRC" "$WORK/$name-cp"; cps+=("$SECS")
+    measure "cp -r" "$bytes" cp -r "$SRC" "$WORK/$name-cp"; cps+=("$SECS"); cpc+=("$CPU")
     rm -rf "$WORK/$name-cp"
-    measure "mflow convert --tp 2" "$bytes" "$BIN" convert "$SRC" "$WORK/$name-mflow" --tp 2; mfs+=("$SECS")
+    measure "mflow convert --tp 2" "$bytes" "$BIN" convert "$SRC" "$WORK/$name-mflow" --tp 2; mfs+=("$SECS"); mfc+=("$CPU")
     d1=$("$PY" "$HERE/digest.py" "$WORK/$name-mflow")
     rm -rf "$WORK/$name-mflow"
     # The baseline holds a whole rank in memory (twice, while save_file serializes it).
@@ -62,7 +69,7 @@ bench() {
       echo "| python baseline.py (tp 2)    | skipped: needs ~$((need >> 30)) GiB of RAM, $((avail >> 30)) GiB available | | | |"
       continue
     fi
-    measure "python baseline.py (tp 2)" "$bytes" "$PY" "$HERE/baseline.py" "$SRC" "$WORK/$name-py" 2; pys+=("$SECS")
+    measure "python baseline.py (tp 2)" "$bytes" "$PY" "$HERE/baseline.py" "$SRC" "$WORK/$name-py" 2; pys+=("$SECS"); pyc+=("$CPU")
     d2=$("$PY" "$HERE/digest.py" "$WORK/$name-py")
     rm -rf "$WORK/$name-py"
     if [ "$d1" != "$d2" ]; then echo "OUTPUTS DIFFER: $d1 vs $d2"; exit 1; fi
@@ -72,6 +79,7 @@ bench() {
   echo
   echo "medians: cp -r $cp s, mflow $mf s$([ ${#pys[@]} -gt 0 ] && echo ", python $(median "${pys[@]}") s")"
   echo "mflow / cp -r = $(echo "$mf / $cp" | bc -l | cut -c1-4)x$([ ${#pys[@]} -gt 0 ] && echo "; python / mflow = $(echo "$(median "${pys[@]}") / $mf" | bc -l | cut -c1-4)x")"
+  echo "CPU medians: cp -r $(median "${cpc[@]}") s, mflow $(median "${mfc[@]}") s$([ ${#pyc[@]} -gt 0 ] && echo ", python $(median "${pyc[@]}") s; python / mflow = $(echo "$(median "${pyc[@]}") / $(median "${mfc[@]}")" | bc -l | cut -c1-4)x")"
   if [ -n "$d2" ]; then echo "mflow and python outputs identical (tensor digest $d1)"; fi
   echo
 }

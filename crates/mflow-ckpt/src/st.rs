@@ -159,6 +159,8 @@ fn check_layout(file: &str, tensors: &BTreeMap<String, TensorMeta>, data_start: 
 /// A memory-mapped, validated safetensors file.
 pub struct StFile {
     pub path: PathBuf,
+    /// For positioned reads of whole row runs (no page faults, nothing added to our resident set).
+    file: File,
     pub mmap: Mmap,
     pub header: Header,
 }
@@ -175,7 +177,13 @@ impl StFile {
         // SAFETY: the map is read-only; mflow never writes its inputs while reading them.
         let mmap = unsafe { Mmap::map(&f) }.map_err(io)?;
         let header = parse(&name, &mmap)?;
-        Ok(StFile { path: path.to_path_buf(), mmap, header })
+        Ok(StFile { path: path.to_path_buf(), file: f, mmap, header })
+    }
+
+    /// Reads `buf.len()` bytes at byte `offset` of the file (offsets as in [`TensorMeta`]).
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.read_exact_at(buf, offset)
     }
 
     pub fn bytes(&self, meta: &TensorMeta) -> &[u8] {
