@@ -13,8 +13,12 @@ ROOT=$(cd "$HERE/../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 mkdir -p "$WORK"
 
-(cd "$ROOT" && cargo build --quiet --release -p mflow-ckpt --example mflow-ckpt)
-BIN=$TARGET/release/examples/mflow-ckpt
+# MFLOW_CKPT_BIN: a prebuilt binary with the same commands (mflow or mflow-ckpt), for machines without cargo.
+if [ -n "${MFLOW_CKPT_BIN:-}" ]; then BIN=$MFLOW_CKPT_BIN; else
+  (cd "$ROOT" && cargo build --quiet --release -p mflow-ckpt --example mflow-ckpt)
+  BIN=$TARGET/release/examples/mflow-ckpt
+fi
+TIME=${TIME_BIN:-/usr/bin/time}
 df -h "$WORK" | tail -1
 
 # On tmpfs the data is memory whatever the cache state: nothing to drop or flush, and a global sync
@@ -32,7 +36,7 @@ cache() {
 measure() {
   local label=$1 bytes=$2; shift 2
   cache "$SRC"
-  /usr/bin/time -v -o "$WORK/time.txt" bash -c "$* && $SYNC"
+  "$TIME" -v -o "$WORK/time.txt" bash -c "$* && $SYNC"
   local wall rss load
   load=$(cut -d' ' -f1 /proc/loadavg)  # 1-minute load just after the run: others' work on the machine
   wall=$(grep "Elapsed (wall clock)" "$WORK/time.txt" | awk '{print $NF}')
@@ -85,7 +89,7 @@ bench() {
 }
 
 if [ "$WHICH" = 1b ] || [ "$WHICH" = all ]; then
-  [ -d "$WORK/llama-1b-hf" ] || /usr/bin/time -f "generated llama-1b in %e s" "$BIN" model init:llama-1b "$WORK/llama-1b-hf"
+  [ -d "$WORK/llama-1b-hf" ] || "$TIME" -f "generated llama-1b in %e s" "$BIN" model init:llama-1b "$WORK/llama-1b-hf"
   bench llama-1b "${REPS_1B:-3}"
 fi
 if [ "$WHICH" = 8b ] || [ "$WHICH" = all ]; then
