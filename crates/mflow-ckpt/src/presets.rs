@@ -48,7 +48,7 @@ fn base(arch: Architecture) -> ModelShape {
         gated_linear_unit: llama,
         activation: if llama { "silu" } else { "gelu_tanh" }.into(),
         normalization: if llama { "RMSNorm" } else { "LayerNorm" }.into(),
-        layernorm_epsilon: if llama { 1e-5 } else { 1e-5 },
+        layernorm_epsilon: 1e-5,
         add_bias_linear: !llama,
         add_qkv_bias: arch != Architecture::Llama,
         position_embedding_type: if llama { "rope" } else { "learned_absolute" }.into(),

@@ -240,7 +240,7 @@ pub fn build_header(entries: &[HeaderEntry], metadata: &BTreeMap<String, String>
     }
     let mut json = serde_json::to_vec(&map).expect("json");
     // Data must start 8-byte aligned; pad the header with spaces as the reference writer does.
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = (json.len() as u64).to_le_bytes().to_vec();
@@ -255,7 +255,7 @@ mod tests {
     fn file_with(header: &str, data: usize) -> Vec<u8> {
         let mut v = (header.len() as u64).to_le_bytes().to_vec();
         v.extend_from_slice(header.as_bytes());
-        v.extend(std::iter::repeat(0u8).take(data));
+        v.extend(std::iter::repeat_n(0u8, data));
         v
     }
 

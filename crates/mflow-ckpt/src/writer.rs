@@ -365,5 +365,17 @@ mod tests {
         assert_eq!(values("rows"), [6., 7., 8., 9., 10., 11., 0., 0., 0., 0., 1., 2., 3., 4., 5.]);
         assert_eq!(values("cols"), [1., 2., 4., 5., 7., 8., 10., 11.]);
         assert_eq!(values("transposed"), [0., 3., 6., 9., 1., 4., 7., 10., 2., 5., 8., 11.]);
+
+        // Another output dtype sends every tensor through the converting gather.
+        let out16 = dir.path().join("out16.safetensors");
+        write_file(&out16, &tensors, Dtype::BF16, &BTreeMap::new(), &sources, &progress).unwrap();
+        let written = std::fs::read(&out16).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&written).unwrap();
+        let values16 = |name: &str| -> Vec<f32> {
+            st.tensor(name).unwrap().data().chunks(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
+        };
+        assert_eq!(values16("rows"), [6., 7., 8., 9., 10., 11., 0., 0., 0., 0., 1., 2., 3., 4., 5.]);
+        assert_eq!(values16("cols"), [1., 2., 4., 5., 7., 8., 10., 11.]);
+        assert_eq!(values16("transposed"), [0., 3., 6., 9., 1., 4., 7., 10., 2., 5., 8., 11.]);
     }
 }

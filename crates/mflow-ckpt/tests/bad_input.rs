@@ -55,7 +55,7 @@ fn edit_header(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>
     let mut header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     edit(&mut header);
     let mut json = serde_json::to_vec(&header).unwrap();
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = (json.len() as u64).to_le_bytes().to_vec();
