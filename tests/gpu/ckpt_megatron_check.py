@@ -15,6 +15,7 @@ Exits non-zero unless every case passed. CKPT_PRESETS picks presets (default lla
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -69,7 +70,8 @@ def prepare(work, out_path):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for preset in PRESETS:
         hf = os.path.join(work, f"hf_{preset}")
-        subprocess.run(["rm", "-rf", hf, *(os.path.join(work, f"sh_{preset}_tp{tp}") for tp in TPS)], check=True)
+        for stale in [hf, *(os.path.join(work, f"sh_{preset}_tp{tp}") for tp in TPS)]:
+            shutil.rmtree(stale, ignore_errors=True)
         init_s = mflow("model", f"init:{preset}", hf)
         convert_s = {tp: mflow("convert", hf, os.path.join(work, f"sh_{preset}_tp{tp}"), "--tp", str(tp)) for tp in TPS}
         t0 = time.time()
