@@ -11,7 +11,7 @@ pub enum KubeError {
     #[error("cannot load the Kubernetes client configuration: {message}")]
     #[diagnostic(
         code(mflow::kube::config),
-        help("set KUBECONFIG or pass --kubeconfig/--context; inside a pod, mflow uses the pod's service account")
+        help("set KUBECONFIG (or write ~/.kube/config), and `context` under [pipeline.kubernetes] to pick a context; inside a pod, mflow uses the pod's service account")
     )]
     Config { message: String },
 

@@ -37,6 +37,9 @@
 //!   after its digest; a request with `workload_digest` mounts it at `/opt/mflow/workloads` and
 //!   puts `/opt/mflow/workloads/mflow_workloads.zip` first on `PYTHONPATH`, so Python imports
 //!   that exact code ahead of the copy baked into the image.
+//! * Dry run: [`KubeBackend::dry_run`] and [`KubeBackend::dry_run_workloads`] send the same
+//!   objects with `dryRun=All`, so the server (and Trainer's admission webhook) checks them and
+//!   stores nothing; [`trainjob_manifest`] and [`workloads_configmap`] build them offline.
 //! * Cache index: [`KubeBackend::cache_put`] / [`KubeBackend::cache_get`] /
 //!   [`KubeBackend::cache_list`] keep one ConfigMap per (pipeline, key), labelled
 //!   `mflow.dev/component=cache` and `mflow.dev/pipeline=<pipeline>`.
@@ -68,7 +71,7 @@ pub use manifest::{
 pub use names::{is_rfc1035_label, label_value, trainjob_name, MAX_TRAINJOB_NAME};
 pub use options::{KubeOptions, DEFAULT_PVC, DEFAULT_RUNTIME};
 pub use run::Existing;
-pub use store::CacheEntry;
+pub use store::{workloads_configmap, CacheEntry};
 
 /// One attempt of one stage, as the engine hands it to the backend.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -119,7 +119,22 @@ impl KubeBackend {
         }
     }
 
+    /// Sends this attempt's TrainJob as a server-side dry run (`dryRun=All`): the API server and
+    /// Trainer's admission check it as they would a real submission, and nothing is stored.
+    /// An existing TrainJob of that name is not an error when mflow owns it (a run would
+    /// reattach); a foreign one is.
+    pub async fn dry_run(&self, req: &StageRequest) -> Result<(), KubeError> {
+        validate_request(req)?;
+        let name = trainjob_name(&req.pipeline, &req.stage, &req.key, req.attempt);
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.namespace(), &trainjob_resource());
+        self.create(&api, req, &name, true).await
+    }
+
     async fn submit(&self, api: &Api<DynamicObject>, req: &StageRequest, name: &str) -> Result<(), KubeError> {
+        self.create(api, req, name, false).await
+    }
+
+    async fn create(&self, api: &Api<DynamicObject>, req: &StageRequest, name: &str, dry_run: bool) -> Result<(), KubeError> {
         let manifest = trainjob_manifest(req, &self.opts);
         let object: DynamicObject = serde_json::from_value(manifest).map_err(|e| KubeError::Invalid {
             stage: req.stage.clone(),
@@ -127,7 +142,7 @@ impl KubeBackend {
             name: name.into(),
             message: e.to_string(),
         })?;
-        match api.create(&PostParams::default(), &object).await {
+        match api.create(&PostParams { dry_run, ..PostParams::default() }, &object).await {
             Ok(_) => Ok(()),
             Err(e) => match api_status(&e) {
                 // Created meanwhile (another mflow process): ours means attach, else refuse.

@@ -39,6 +39,26 @@ pub struct CacheEntry {
     pub extra: BTreeMap<String, serde_json::Value>,
 }
 
+/// The immutable ConfigMap that carries workload code with this digest (see
+/// [`KubeBackend::ensure_workloads`]); pure, for rendering without a cluster.
+pub fn workloads_configmap(digest: &str, files: &BTreeMap<String, String>) -> Result<ConfigMap, KubeError> {
+    let archive = workloads_zip(files)?;
+    Ok(ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(workloads_configmap_name(digest)),
+            labels: Some(BTreeMap::from([
+                (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
+                (LABEL_COMPONENT.to_string(), "workloads".to_string()),
+            ])),
+            annotations: Some(BTreeMap::from([(ANN_WORKLOAD_DIGEST.to_string(), digest.to_string())])),
+            ..Default::default()
+        },
+        binary_data: Some(BTreeMap::from([(WORKLOADS_ZIP.to_string(), ByteString(archive))])),
+        immutable: Some(true),
+        ..Default::default()
+    })
+}
+
 /// Name of the cache-index ConfigMap of one (pipeline, key).
 pub(crate) fn cache_configmap_name(pipeline: &str, key: &str) -> String {
     let pipe = dns_part(pipeline);
@@ -61,27 +81,23 @@ impl KubeBackend {
     /// `files` maps paths relative to the workloads root (`mflow_workloads/train.py`,
     /// `mflow_workloads/reference/model.py`) to their contents; they travel as one zip archive.
     pub async fn ensure_workloads(&self, digest: &str, files: &BTreeMap<String, String>) -> Result<(), KubeError> {
-        let archive = workloads_zip(files)?;
+        self.put_workloads(digest, files, false).await
+    }
+
+    /// [`KubeBackend::ensure_workloads`] as a server-side dry run: the server checks the
+    /// ConfigMap (or an existing one is checked for ownership) and stores nothing.
+    pub async fn dry_run_workloads(&self, digest: &str, files: &BTreeMap<String, String>) -> Result<(), KubeError> {
+        self.put_workloads(digest, files, true).await
+    }
+
+    async fn put_workloads(&self, digest: &str, files: &BTreeMap<String, String>, dry_run: bool) -> Result<(), KubeError> {
+        let cm = workloads_configmap(digest, files)?;
         let name = workloads_configmap_name(digest);
         let api = self.configmaps();
         if let Some(existing) = api.get_opt(&name).await.map_err(|e| self.call_err(e, "get", "configmaps", &name))? {
             return self.check_workloads(&existing, &name, digest);
         }
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                labels: Some(BTreeMap::from([
-                    (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
-                    (LABEL_COMPONENT.to_string(), "workloads".to_string()),
-                ])),
-                annotations: Some(BTreeMap::from([(ANN_WORKLOAD_DIGEST.to_string(), digest.to_string())])),
-                ..Default::default()
-            },
-            binary_data: Some(BTreeMap::from([(WORKLOADS_ZIP.to_string(), ByteString(archive))])),
-            immutable: Some(true),
-            ..Default::default()
-        };
-        match api.create(&PostParams::default(), &cm).await {
+        match api.create(&PostParams { dry_run, ..PostParams::default() }, &cm).await {
             Ok(_) => Ok(()),
             // Another mflow created it meanwhile; content-named, so it is the same.
             Err(e) if api_status(&e).is_some_and(|s| s.is_already_exists() || s.code == 409) => {

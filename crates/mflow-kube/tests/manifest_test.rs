@@ -97,16 +97,36 @@ fn upstream_trainjob_examples_validate() {
 
 use serde::Deserialize;
 
+fn example(file: &str) -> Value {
+    let path = format!("{}/../../examples/kubernetes/{file}", env!("CARGO_MANIFEST_DIR"));
+    serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 #[test]
-fn example_runtime_validates_against_the_clustertrainingruntime_crd() {
+fn example_runtimes_validate_against_the_clustertrainingruntime_crd() {
     let validator = schema::crd_validator(&schema::crd("trainer.kubeflow.org_clustertrainingruntimes.yaml"));
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/kubernetes/runtime.yaml");
-    let runtime: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let errors = schema::violations(&validator, &runtime);
-    assert!(errors.is_empty(), "{errors:#?}");
-    let pod = &runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"];
-    assert_eq!(pod["backoffLimit"], 0);
-    assert_eq!(pod["template"]["spec"]["restartPolicy"], "Never");
+    // The GPU runtime (`runtime`) and the CPU runtime (`cpu_runtime`) mflow defaults to.
+    for (file, name) in [("runtime.yaml", mflow_kube::DEFAULT_RUNTIME), ("runtime-cpu.yaml", "mflow-cpu")] {
+        let runtime = example(file);
+        let errors = schema::violations(&validator, &runtime);
+        assert!(errors.is_empty(), "{file}: {errors:#?}");
+        assert_eq!(runtime["metadata"]["name"], name, "{file}");
+        assert_eq!(runtime["kind"], "ClusterTrainingRuntime", "{file}");
+        // Fail-fast, so that retries are mflow's; container `node` in replicatedJob `node`,
+        // where mflow's runtime patch and Trainer's torch plugin expect them.
+        let job = &runtime["spec"]["template"]["spec"]["replicatedJobs"][0];
+        assert_eq!(job["name"], "node", "{file}");
+        let pod = &job["template"]["spec"];
+        assert_eq!(pod["backoffLimit"], 0, "{file}");
+        assert_eq!(pod["template"]["spec"]["restartPolicy"], "Never", "{file}");
+        assert_eq!(pod["template"]["spec"]["containers"][0]["name"], "node", "{file}");
+        // The torch policy injects PET_* (multi-node `command` stages use them too).
+        assert!(runtime["spec"]["mlPolicy"]["torch"].is_object(), "{file}");
+    }
+    let cpu = example("runtime-cpu.yaml");
+    let container = &cpu["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0];
+    assert!(container["resources"]["limits"].get("nvidia.com/gpu").is_none());
+    let runtime = example("runtime.yaml");
     // The upstream runtime passes the same check, so the validator is not just permissive.
     let upstream = schema::load_yaml("runtimes/torch_distributed.yaml");
     assert!(schema::violations(&validator, &upstream).is_empty());

@@ -23,12 +23,11 @@ struct Cluster {
 impl Cluster {
     async fn start() -> Cluster {
         let api = FakeApi::start().await;
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/kubernetes/runtime.yaml");
-        let runtime: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let mut cpu = runtime.clone();
-        cpu["metadata"]["name"] = "mflow-cpu".into();
-        api.add_runtime(runtime);
-        api.add_runtime(cpu);
+        // The runtimes mflow defaults to, as shipped in examples/kubernetes.
+        for file in ["runtime.yaml", "runtime-cpu.yaml"] {
+            let path = format!("{}/../../examples/kubernetes/{file}", env!("CARGO_MANIFEST_DIR"));
+            api.add_runtime(serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap());
+        }
         api.add_pvc(NS, "mflow-artifacts");
         let controller = controller::spawn(api.shared.clone(), Arc::new(|_: &Value| Scenario::Exec));
         let dir = tempfile::tempdir().unwrap();
@@ -185,27 +184,42 @@ async fn a_user_failure_names_the_rank_and_exit_code() {
     assert!(cluster.attempt_log("broken", 1).contains("[rank 0] bad input"));
 }
 
+/// A stage that writes part of its output at once and the rest once `release` exists.
+fn held_stage(release: &Path) -> String {
+    format!(
+        "[stages.long]\nkind = \"command\"\nenv = {{ RELEASE = \"{}\" }}\nrun = [\"sh\", \"-c\", \"echo early > $MFLOW_OUTPUT/early.txt; echo waiting; while [ ! -e $RELEASE ]; do sleep 0.05; done; echo done > $MFLOW_OUTPUT/result.txt\"]\n",
+        release.display()
+    )
+}
+
+impl Cluster {
+    /// Starts `mflow run` and kills it once the stage's pod has started.
+    async fn run_and_kill_mid_stage(&self, spec: &Path) {
+        let mut first = self.command(&["run", spec.to_str().unwrap()]).spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.api.shared.list("pods", NS).is_empty() {
+            assert!(Instant::now() < deadline, "no pod started");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        first.kill().await.unwrap();
+        let _ = first.wait().await;
+        assert_eq!(self.trainjobs_created(), 1);
+    }
+
+    fn trainjob_completed(&self) -> bool {
+        self.api.shared.list("trainjobs", NS).iter().any(|j| {
+            j["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "Complete" && c["status"] == "True")
+        })
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_mflow_reattaches_instead_of_resubmitting() {
     let cluster = Cluster::start().await;
     let release = cluster.dir.path().join("release");
-    let spec = cluster.spec(
-        "spec.toml",
-        &format!(
-            "[stages.long]\nkind = \"command\"\nenv = {{ RELEASE = \"{}\" }}\nrun = [\"sh\", \"-c\", \"echo waiting; while [ ! -e $RELEASE ]; do sleep 0.05; done; echo done > $MFLOW_OUTPUT/result.txt\"]\n",
-            release.display()
-        ),
-    );
-    let mut first = cluster.command(&["run", spec.to_str().unwrap()]).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cluster.api.shared.list("pods", NS).is_empty() {
-        assert!(Instant::now() < deadline, "no pod started");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    first.kill().await.unwrap();
-    let _ = first.wait().await;
-    assert_eq!(cluster.trainjobs_created(), 1);
+    let spec = cluster.spec("spec.toml", &held_stage(&release));
+    cluster.run_and_kill_mid_stage(&spec).await;
 
     let second = cluster.command(&["run", spec.to_str().unwrap()]).spawn().unwrap();
     // Release the stage once the second mflow is attached.
@@ -219,7 +233,38 @@ async fn a_restarted_mflow_reattaches_instead_of_resubmitting() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(cluster.trainjobs_created(), 1, "the TrainJob was submitted again");
     let record = cluster.latest_record();
-    assert_eq!(std::fs::read_to_string(output_of(&record, "long").join("result.txt")).unwrap(), "done\n");
+    let output = output_of(&record, "long");
+    // What the stage wrote before the restart is committed along with the rest.
+    assert_eq!(std::fs::read_to_string(output.join("early.txt")).unwrap(), "early\n");
+    assert_eq!(std::fs::read_to_string(output.join("result.txt")).unwrap(), "done\n");
+    assert!(output.starts_with(cluster.workdir().join("cache")), "{}", output.display());
+    // The TrainJob's own directory is gone once its output is committed.
+    let own = cluster.workdir().join("cache/.kube");
+    assert_eq!(std::fs::read_dir(&own).map(|d| d.count()).unwrap_or(0), 0, "{}", own.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainjob_that_completed_while_mflow_was_away_is_committed_without_running_again() {
+    let cluster = Cluster::start().await;
+    let release = cluster.dir.path().join("release");
+    let spec = cluster.spec("spec.toml", &held_stage(&release));
+    cluster.run_and_kill_mid_stage(&spec).await;
+    std::fs::write(&release, "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cluster.trainjob_completed() {
+        assert!(Instant::now() < deadline, "the TrainJob did not complete");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(cluster.trainjobs_created(), 1, "the TrainJob was submitted again");
+    let record = cluster.latest_record();
+    assert_eq!(record["stages"]["long"]["status"], "succeeded");
+    let output = output_of(&record, "long");
+    assert_eq!(std::fs::read_to_string(output.join("early.txt")).unwrap(), "early\n");
+    assert_eq!(std::fs::read_to_string(output.join("result.txt")).unwrap(), "done\n");
+    assert!(cluster.attempt_log("long", 1).contains("already completed"), "{}", cluster.attempt_log("long", 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,4 +280,82 @@ async fn missing_permissions_stop_the_run_before_it_starts() {
     assert!(!err.contains("not-a-real-token"), "{err}");
     assert_eq!(cluster.trainjobs_created(), 0);
     assert!(!cluster.workdir().join("runs").exists(), "a run started");
+}
+
+const ONE_STAGE: &str = "[stages.hello]\nkind = \"command\"\nrun = [\"sh\", \"-c\", \"echo hi > $MFLOW_OUTPUT/greeting.txt\"]\n";
+
+/// Runs `spec`, expecting it to stop before any TrainJob with `code`; returns stderr.
+async fn refused(cluster: &Cluster, spec: &Path, code: i32) -> String {
+    let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(code), "{}", text(&o));
+    assert_eq!(cluster.trainjobs_created(), 0);
+    assert!(!cluster.workdir().join("runs").exists(), "a run started");
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!err.contains("not-a-real-token"), "{err}");
+    // The diagnostic is wrapped to the terminal's width; compare its words.
+    err.replace('│', " ").split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_cluster_is_reported_before_anything_runs() {
+    let cluster = Cluster::start().await;
+    let spec = cluster.spec("spec.toml", ONE_STAGE);
+    // A kubeconfig naming a port where nothing listens.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let text = std::fs::read_to_string(&cluster.kubeconfig).unwrap().replace(&cluster.api.url(), &format!("http://{closed}"));
+    std::fs::write(&cluster.kubeconfig, text).unwrap();
+    let err = refused(&cluster, &spec, 3).await;
+    assert!(err.contains("mflow::kube::unreachable"), "{err}");
+    assert!(err.contains("is unreachable") && err.contains(&closed.port().to_string()), "{err}");
+    assert!(err.contains("kubectl"), "the way forward is missing: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_runtime_lists_the_runtimes_that_exist() {
+    let cluster = Cluster::start().await;
+    let spec = cluster.spec("spec.toml", ONE_STAGE);
+    let text = std::fs::read_to_string(&spec).unwrap().replace("[pipeline.kubernetes]\n", "[pipeline.kubernetes]\ncpu_runtime = \"mflow-small\"\n");
+    std::fs::write(&spec, text).unwrap();
+    let err = refused(&cluster, &spec, 3).await;
+    assert!(err.contains("ClusterTrainingRuntime \"mflow-small\" does not exist (existing: mflow-cpu, mflow-torch)"), "{err}");
+    assert!(err.contains("examples/kubernetes/runtime.yaml"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_or_old_trainer_crds_say_which_version_is_needed() {
+    let cluster = Cluster::start().await;
+    let spec = cluster.spec("spec.toml", ONE_STAGE);
+    // A v2.1 TrainJob CRD: podTemplateOverrides instead of runtimePatches.
+    cluster.api.shared.modify("customresourcedefinitions", "", "trainjobs.trainer.kubeflow.org", |crd| {
+        let props = &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        let patches = props.as_object_mut().unwrap().remove("runtimePatches").unwrap();
+        props["podTemplateOverrides"] = patches;
+    });
+    let err = refused(&cluster, &spec, 3).await;
+    assert!(err.contains("mflow::kube::trainer_too_old"), "{err}");
+    assert!(err.contains("v2.1") && err.contains("needs v2.2 or newer"), "{err}");
+
+    cluster.api.shared.inner.lock().unwrap().trainer_installed = false;
+    let err = refused(&cluster, &spec, 3).await;
+    assert!(err.contains("mflow::kube::trainer_missing"), "{err}");
+    assert!(err.contains("is not installed") && err.contains("v2.3"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_the_server_rejects_fails_its_stage_with_the_servers_message() {
+    let cluster = Cluster::start().await;
+    // Not a Kubernetes quantity: the schema of resourcesPerNode rejects it (HTTP 422).
+    let spec = cluster.spec(
+        "spec.toml",
+        "[stages.bloated]\nkind = \"command\"\nresources = { memory = \"lots\" }\nrun = [\"sh\", \"-c\", \"echo hi > $MFLOW_OUTPUT/x\"]\n",
+    );
+    let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(cluster.trainjobs_created(), 1, "one create call, refused");
+    assert!(cluster.api.shared.list("trainjobs", NS).is_empty());
+    let record = cluster.latest_record();
+    let message = record["stages"]["bloated"]["message"].as_str().unwrap();
+    assert!(message.contains("rejected TrainJob") && message.contains("of stage \"bloated\""), "{message}");
+    assert!(message.contains("is invalid") && message.contains("lots"), "the server's message is missing: {message}");
+    assert!(message.contains("help: "), "the way forward is missing: {message}");
 }

@@ -12,8 +12,15 @@
 //! * Pods start in the image's working directory, and files a stage reads (inputs, `path:`
 //!   models) must be on the volume too: relative paths in the spec resolve against the spec's
 //!   directory, so keep the spec on the volume or use absolute paths below `/mflow`.
-//! * Restart: an own TrainJob of the same attempt is reattached to (never submitted again) and
-//!   its output, written below the earlier process's staging directory, is taken over.
+//! * Outputs: a TrainJob writes its output to a directory of its own on the volume,
+//!   `<cache>/.kube/<trainjob>/out` (the engine's staging paths are rewritten to it in the
+//!   command, the environment and the stage's config files), and mflow moves it into the
+//!   engine's staging directory once the TrainJob completed. The engine clears staging
+//!   directories of a key when a run starts; the TrainJob's own directory is named after the
+//!   TrainJob, so it survives an mflow restart.
+//! * Restart: an own TrainJob of the same attempt is reattached to (never submitted again);
+//!   what it wrote before and after the restart is committed. One that completed while mflow
+//!   was away is not run again; one whose output is gone is deleted and run afresh.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -27,9 +34,14 @@ use thiserror::Error;
 use tokio::sync::{mpsc, watch, OnceCell};
 use tokio_util::sync::CancellationToken;
 
+mod own_output;
+pub mod render;
+
+use own_output::OwnOutput;
+
 use super::{Cancel, Job, Line, Outcome};
 use crate::exec::retry::FailureClass;
-use crate::spec::{Resources, Spec};
+use crate::spec::{Resources, Spec, StageSpec};
 use crate::stages::Kind;
 
 const DEFAULT_CPU_RUNTIME: &str = "mflow-cpu";
@@ -50,6 +62,17 @@ pub enum KubernetesError {
         help("set `{setting}` under [pipeline.kubernetes], or `image` on the stage; the image must contain mflow (and Python with torch for train, evaluate and export)")
     )]
     NoImage { stage: String, setting: String },
+
+    #[error("cannot prepare {path} on the artifact volume: {message}")]
+    #[diagnostic(
+        code(mflow::kubernetes::volume),
+        help("mflow must see the artifact volume read-write at the same path as the pods (/mflow); check the mount and its free space")
+    )]
+    Volume { path: String, message: String },
+
+    #[error("cannot shape stage `{stage}` as a TrainJob: {message}")]
+    #[diagnostic(code(mflow::kubernetes::render), help("fix the stage in the spec; `mflow validate SPEC` checks it without a cluster"))]
+    Render { stage: String, message: String },
 
     #[error("stage `{stage}` is not part of the plan this backend was built for")]
     #[diagnostic(code(mflow::kubernetes::unknown_stage), help("this is a bug in mflow; please report it"))]
@@ -77,7 +100,8 @@ impl KubernetesError {
                 | KubeError::BadWorkload { .. },
             )
             | KubernetesError::Setting { .. }
-            | KubernetesError::NoImage { .. } => FailureClass::User,
+            | KubernetesError::NoImage { .. }
+            | KubernetesError::Render { .. } => FailureClass::User,
             _ => FailureClass::Infra,
         }
     }
@@ -94,28 +118,47 @@ pub fn default_workdir(spec: &mut Spec) {
     }
 }
 
+/// `engine = "auto"` of a train or evaluate stage, decided by the GPUs the stage requests
+/// rather than by the machine running mflow: megatron with `resources.gpus > 0`, else the
+/// reference engine. An explicit engine is kept.
+pub fn choose_engine(stage: &mut StageSpec) {
+    if !is_torch(stage.kind) {
+        return;
+    }
+    let auto = stage.params.get("engine").is_none_or(|e| e.as_str() == Some("auto"));
+    if auto {
+        let engine = if stage.resources.gpus > 0 { "megatron" } else { "reference" };
+        stage.params.insert("engine".into(), Json::String(engine.into()));
+    }
+}
+
 /// What the adapter needs to know of a stage beyond its job.
-struct StageInfo {
+pub(crate) struct StageInfo {
     kind: Kind,
     nodes: u32,
     image: Option<String>,
     resources: Resources,
 }
 
-struct Settings {
+pub(crate) struct Settings {
     image: Option<String>,
     train_image: Option<String>,
     runtime: String,
     cpu_runtime: String,
 }
 
-pub struct Kubernetes {
-    kube: KubeBackend,
+/// How the stages of one spec become TrainJob requests; needs no cluster.
+pub(crate) struct Layout {
     pipeline: String,
     stages: BTreeMap<String, StageInfo>,
     settings: Settings,
     /// This binary's path: native stage commands run the image's `mflow` instead.
     exe: String,
+}
+
+pub struct Kubernetes {
+    kube: KubeBackend,
+    layout: Layout,
     /// Digest of the workload ConfigMap, created once per run when a Python stage first runs.
     workloads: OnceCell<String>,
 }
@@ -138,33 +181,10 @@ impl Kubernetes {
     /// `KUBECONFIG`, `~/.kube/config` or the pod's service account) and checks, before any
     /// stage starts, that the cluster can run the plan.
     pub async fn connect(spec: &Spec) -> Result<Kubernetes, KubernetesError> {
-        let k = &spec.pipeline.kubernetes;
-        let settings = Settings {
-            image: setting(k, "image")?,
-            train_image: setting(k, "train_image")?,
-            runtime: setting(k, "runtime")?.unwrap_or_else(|| mflow_kube::DEFAULT_RUNTIME.into()),
-            cpu_runtime: setting(k, "cpu_runtime")?.unwrap_or_else(|| DEFAULT_CPU_RUNTIME.into()),
-        };
-        let stages: BTreeMap<String, StageInfo> = spec
-            .stages
-            .iter()
-            .map(|s| {
-                let info = StageInfo { kind: s.kind, nodes: s.nodes.max(1), image: s.image.clone(), resources: s.resources.clone() };
-                (s.name.clone(), info)
-            })
-            .collect();
-        let runtimes: BTreeSet<String> = stages.values().map(|s| runtime_of(&settings, s).to_string()).collect();
-        let opts = KubeOptions {
-            namespace: setting(k, "namespace")?,
-            context: setting(k, "context")?,
-            pvc: setting(k, "pvc")?.unwrap_or_else(|| mflow_kube::DEFAULT_PVC.into()),
-            runtimes: runtimes.into_iter().collect(),
-            ..KubeOptions::default()
-        };
-        let kube = KubeBackend::connect(opts).await?;
+        let layout = Layout::of(spec)?;
+        let kube = KubeBackend::connect(layout.options(spec)?).await?;
         kube.preflight().await?;
-        let exe = std::env::current_exe().map(|p| p.to_string_lossy().to_string()).unwrap_or_default();
-        Ok(Kubernetes { kube, pipeline: spec.pipeline.name.clone(), stages, settings, exe, workloads: OnceCell::new() })
+        Ok(Kubernetes { kube, layout, workloads: OnceCell::new() })
     }
 
     /// Connects without the preflight, for read-only questions such as `mflow plan`'s.
@@ -186,10 +206,14 @@ impl Kubernetes {
     }
 
     async fn attempt(&self, job: &Job, log: std::fs::File, lines: mpsc::UnboundedSender<Line>, cancel: watch::Receiver<Cancel>) -> Result<Outcome, KubernetesError> {
-        let info = self.stages.get(&job.stage).ok_or_else(|| KubernetesError::UnknownStage { stage: job.stage.clone() })?;
+        let info = self.layout.stages.get(&job.stage).ok_or_else(|| KubernetesError::UnknownStage { stage: job.stage.clone() })?;
         let digest = if info.kind.uses_python() { Some(self.ensure_workloads().await?) } else { None };
-        let req = self.request(job, info, digest)?;
-        let adopt = self.reattach_target(&req, info.kind).await?;
+        let staged = PathBuf::from(job.env.get("MFLOW_OUTPUT").cloned().unwrap_or_default());
+        let name = mflow_kube::trainjob_name(&self.layout.pipeline, &job.stage, &job.key, job.attempt);
+        let own = OwnOutput::of(&staged, &name);
+        let pod_job = own.as_ref().map(|o| o.rewrite(job)).transpose()?.unwrap_or_else(|| job.clone());
+        let req = self.layout.request(&pod_job, info, digest)?;
+        let status = self.prepare(&req, info.kind, own.as_ref()).await?.unwrap_or_else(|| job.status_file.clone());
 
         // Pod lines go to the attempt log and the display, as local output does.
         let (tx, mut rx) = mpsc::channel::<LogLine>(1024);
@@ -216,16 +240,16 @@ impl Kubernetes {
         bridge.abort();
         let _ = pump.await;
         let outcome = match result? {
-            mflow_kube::Outcome::Succeeded => {
-                if let Some(earlier) = &adopt {
-                    adopt_output(&earlier.output, Path::new(&req.env["MFLOW_OUTPUT"]));
-                }
-                Outcome::Success
-            }
+            mflow_kube::Outcome::Succeeded => match own.as_ref().map(|o| o.deliver(&staged)) {
+                Some(Err(message)) => Outcome::Failed { class: FailureClass::Infra, message },
+                _ => Outcome::Success,
+            },
             mflow_kube::Outcome::Failed { class, message } => {
+                if let Some(o) = &own {
+                    o.clear();
+                }
                 let class = map_class(class);
                 // The stage's own word (written on the shared volume) refines the pod's exit.
-                let status = adopt.as_ref().map(|a| a.status.clone()).unwrap_or_else(|| job.status_file.clone());
                 match super::local::read_status(&status) {
                     Some((own, why)) if matches!(class, FailureClass::User | FailureClass::Infra) => Outcome::Failed { class: own, message: why },
                     _ => Outcome::Failed { class, message },
@@ -233,6 +257,32 @@ impl Kubernetes {
             }
         };
         Ok(outcome)
+    }
+
+    /// Gets the TrainJob's own output directory ready and returns the status file of an own
+    /// TrainJob left by an earlier mflow process (it writes where that process told it to).
+    /// A fresh submission starts from an empty directory; a reattached TrainJob keeps what it
+    /// wrote; a completed one whose output is gone is deleted, so that it runs again.
+    async fn prepare(&self, req: &StageRequest, kind: Kind, own: Option<&OwnOutput>) -> Result<Option<PathBuf>, KubernetesError> {
+        let existing = self.kube.existing(req).await?;
+        let status = existing.as_ref().and_then(|e| e.env.get("MFLOW_STATUS")).map(PathBuf::from);
+        let Some(own) = own else { return Ok(status) };
+        let fresh = match existing.as_ref().map(|e| &e.state) {
+            None | Some(JobState::Failed { .. }) => true,
+            Some(JobState::Complete) if !own.out.is_dir() => {
+                self.kube.forget(req).await?;
+                true
+            }
+            Some(_) => false,
+        };
+        if fresh {
+            own.clear();
+        }
+        // Native commands create `out` themselves (atomically, next to it); the others write
+        // into it.
+        let dir = if native(kind) { own.dir.clone() } else { own.out.clone() };
+        std::fs::create_dir_all(&dir).map_err(|e| KubernetesError::Volume { path: dir.display().to_string(), message: e.to_string() })?;
+        Ok(if fresh { None } else { status })
     }
 
     async fn ensure_workloads(&self) -> Result<String, KubernetesError> {
@@ -247,34 +297,61 @@ impl Kubernetes {
         Ok(digest.clone())
     }
 
-    /// An own TrainJob of this attempt left by an earlier mflow process writes its output where
-    /// that process staged it. Reattach to it and take that output over, unless it already
-    /// finished and its output is gone: then it is deleted and the attempt runs afresh.
-    async fn reattach_target(&self, req: &StageRequest, kind: Kind) -> Result<Option<Earlier>, KubernetesError> {
-        let Some(existing) = self.kube.existing(req).await? else { return Ok(None) };
-        let (Some(output), Some(ours)) = (existing.env.get("MFLOW_OUTPUT"), req.env.get("MFLOW_OUTPUT")) else { return Ok(None) };
-        if output == ours {
-            return Ok(None);
-        }
-        let output = PathBuf::from(output);
-        let status = existing.env.get("MFLOW_STATUS").map(PathBuf::from).unwrap_or_default();
-        match existing.state {
-            JobState::Complete if !output.is_dir() => {
-                self.kube.forget(req).await?;
-                Ok(None)
-            }
-            JobState::Complete | JobState::Failed { .. } => Ok(Some(Earlier { output, status })),
-            JobState::Queued | JobState::Active => {
-                // Starting this run cleared the earlier staging directory; the running stage
-                // writes below it again. Native commands create `out` themselves.
-                let dir = if native(kind) { output.parent().map(Path::to_path_buf).unwrap_or_default() } else { output.clone() };
-                let _ = std::fs::create_dir_all(dir);
-                Ok(Some(Earlier { output, status }))
-            }
+    /// Records a committed output in the cluster's cache index; returns a warning on failure
+    /// (the local commit stands either way).
+    pub async fn committed(&self, key: &str, stage: &str, output: &Path, digest: &str) -> Option<String> {
+        let kind = self.layout.stages.get(stage).map(|s| s.kind.name()).unwrap_or("command");
+        let entry = CacheEntry {
+            stage: stage.into(),
+            kind: kind.into(),
+            output: volume_relative(output),
+            digest: Some(digest.into()),
+            bytes: dir_bytes(output),
+            created: crate::record::now(),
+            extra: BTreeMap::new(),
+        };
+        match self.kube.cache_put(&self.layout.pipeline, key, &entry).await {
+            Ok(()) => None,
+            Err(e) => Some(format!("cannot record the output in the cluster cache index: {}", KubernetesError::from(e).explain())),
         }
     }
+}
 
-    fn request(&self, job: &Job, info: &StageInfo, workload_digest: Option<String>) -> Result<StageRequest, KubernetesError> {
+impl Layout {
+    pub(crate) fn of(spec: &Spec) -> Result<Layout, KubernetesError> {
+        let k = &spec.pipeline.kubernetes;
+        let settings = Settings {
+            image: setting(k, "image")?,
+            train_image: setting(k, "train_image")?,
+            runtime: setting(k, "runtime")?.unwrap_or_else(|| mflow_kube::DEFAULT_RUNTIME.into()),
+            cpu_runtime: setting(k, "cpu_runtime")?.unwrap_or_else(|| DEFAULT_CPU_RUNTIME.into()),
+        };
+        let stages: BTreeMap<String, StageInfo> = spec
+            .stages
+            .iter()
+            .map(|s| {
+                let info = StageInfo { kind: s.kind, nodes: s.nodes.max(1), image: s.image.clone(), resources: s.resources.clone() };
+                (s.name.clone(), info)
+            })
+            .collect();
+        let exe = std::env::current_exe().map(|p| p.to_string_lossy().to_string()).unwrap_or_default();
+        Ok(Layout { pipeline: spec.pipeline.name.clone(), stages, settings, exe })
+    }
+
+    /// Connection options from `[pipeline.kubernetes]`, with the runtimes the stages use.
+    pub(crate) fn options(&self, spec: &Spec) -> Result<KubeOptions, KubernetesError> {
+        let k = &spec.pipeline.kubernetes;
+        let runtimes: BTreeSet<String> = self.stages.values().map(|s| runtime_of(&self.settings, s).to_string()).collect();
+        Ok(KubeOptions {
+            namespace: setting(k, "namespace")?,
+            context: setting(k, "context")?,
+            pvc: setting(k, "pvc")?.unwrap_or_else(|| mflow_kube::DEFAULT_PVC.into()),
+            runtimes: runtimes.into_iter().collect(),
+            ..KubeOptions::default()
+        })
+    }
+
+    pub(crate) fn request(&self, job: &Job, info: &StageInfo, workload_digest: Option<String>) -> Result<StageRequest, KubernetesError> {
         let gpu_image = is_torch(info.kind) || (info.kind == Kind::Export && job.steps.len() > 1);
         let (setting, fallback) = if gpu_image { ("train_image", self.settings.train_image.clone().or(self.settings.image.clone())) } else { ("image", self.settings.image.clone()) };
         let image = info.image.clone().or(fallback).ok_or_else(|| KubernetesError::NoImage { stage: job.stage.clone(), setting: setting.into() })?;
@@ -332,29 +409,6 @@ impl Kubernetes {
             .collect()
     }
 
-    /// Records a committed output in the cluster's cache index; returns a warning on failure
-    /// (the local commit stands either way).
-    pub async fn committed(&self, key: &str, stage: &str, output: &Path, digest: &str) -> Option<String> {
-        let kind = self.stages.get(stage).map(|s| s.kind.name()).unwrap_or("command");
-        let entry = CacheEntry {
-            stage: stage.into(),
-            kind: kind.into(),
-            output: volume_relative(output),
-            digest: Some(digest.into()),
-            bytes: dir_bytes(output),
-            created: crate::record::now(),
-            extra: BTreeMap::new(),
-        };
-        match self.kube.cache_put(&self.pipeline, key, &entry).await {
-            Ok(()) => None,
-            Err(e) => Some(format!("cannot record the output in the cluster cache index: {}", KubernetesError::from(e).explain())),
-        }
-    }
-}
-
-struct Earlier {
-    output: PathBuf,
-    status: PathBuf,
 }
 
 fn native(kind: Kind) -> bool {
@@ -376,20 +430,6 @@ fn map_class(class: mflow_kube::FailureClass) -> FailureClass {
         mflow_kube::FailureClass::Oom => FailureClass::Oom,
         mflow_kube::FailureClass::Timeout => FailureClass::Timeout,
         mflow_kube::FailureClass::Cancelled => FailureClass::Cancelled,
-    }
-}
-
-/// Moves the output an earlier process's TrainJob wrote into this attempt's staging directory.
-fn adopt_output(earlier: &Path, ours: &Path) {
-    if !earlier.is_dir() {
-        return;
-    }
-    // `ours` is empty (or absent, for native stages); it only stands in the way.
-    let _ = std::fs::remove_dir(ours);
-    if std::fs::rename(earlier, ours).is_ok() {
-        if let Some(parent) = earlier.parent() {
-            let _ = std::fs::remove_dir(parent);
-        }
     }
 }
 

@@ -94,12 +94,26 @@ impl Backend {
     }
 }
 
-/// Applies `--backend` and the backend's workdir default to a loaded spec (idempotent).
+/// Applies `--backend` and the backend's defaults to a loaded spec (idempotent): on
+/// Kubernetes, the workdir on the artifact volume and the engines of `engine = "auto"` stages.
 pub fn choose(spec: &mut crate::spec::Spec, choice: Option<&str>) {
     if let Some(c) = choice {
         spec.pipeline.backend = c.to_string();
     }
     if spec.pipeline.backend == "kubernetes" {
         kubernetes::default_workdir(spec);
+        for stage in &mut spec.stages {
+            kubernetes::choose_engine(stage);
+        }
+    }
+}
+
+/// GPUs the processes of a stage will see: on a cluster, what the stage requests on each of
+/// its nodes times its nodes (the machine running mflow may have none); locally, this
+/// machine's.
+pub fn stage_gpus(spec: &crate::spec::Spec, stage: &crate::spec::StageSpec, env: &crate::env::Environment) -> usize {
+    match spec.pipeline.backend.as_str() {
+        "kubernetes" => stage.resources.gpus as usize * stage.nodes.max(1) as usize,
+        _ => env.gpus.len(),
     }
 }
