@@ -2,7 +2,8 @@
 one variant after another in one process (baseline first: the GPU probe's configuration).
 
 python -m torch.distributed.run --nproc-per-node=TP tests/gpu/bench_train.py SHARDS OUT.jsonl [variants]
-A variant is '+'-joined knobs: base, fused_adam, swiglu_fusion, ce_fusion.
+A variant is '+'-joined knobs: base, fused_adam, swiglu_fusion, ce_fusion, cudnn_attn,
+cudnn_attn_expand, compile_rope, and mbsN (micro-batch N instead of 4).
 """
 
 import json
@@ -25,6 +26,8 @@ SEQ, MBS, STEPS, WARMUP = 4096, 4, 10, 3
 
 
 def run_variant(ps, shards, knobs):
+    mbs = next((int(k[3:]) for k in knobs if k.startswith("mbs")), MBS)
+    knobs = {k for k in knobs if not k.startswith("mbs")}
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -36,7 +39,7 @@ def run_variant(ps, shards, knobs):
     if "fused_adam" in knobs:
         ME._enable_fused_adamw()
     config = ME.transformer_config(spec, tp, 1, "bf16", knobs)
-    model = ME.build_model(spec, config, tp, SEQ, "sdpa")
+    model = ME.build_model(spec, config, tp, SEQ, "sdpa", knobs)
     ME.load_shard(model, shards, m, ps.get_tensor_model_parallel_rank(), 0)
     ddp = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(
         grad_reduce_in_fp32="bf16_grads" not in knobs, overlap_grad_reduce=False, use_distributed_optimizer=False), module=model)
@@ -48,9 +51,9 @@ def run_variant(ps, shards, knobs):
 
     def data():
         while True:
-            t = torch.randint(0, 500, (MBS, SEQ + 1), device="cuda", generator=g)
-            yield {"tokens": t[:, :-1], "labels": t[:, 1:], "loss_mask": torch.ones(MBS, SEQ, device="cuda"),
-                   "position_ids": torch.arange(SEQ, device="cuda").unsqueeze(0).expand(MBS, -1)}
+            t = torch.randint(0, 500, (mbs, SEQ + 1), device="cuda", generator=g)
+            yield {"tokens": t[:, :-1], "labels": t[:, 1:], "loss_mask": torch.ones(mbs, SEQ, device="cuda"),
+                   "position_ids": torch.arange(SEQ, device="cuda").unsqueeze(0).expand(mbs, -1)}
 
     it = data()
     times, losses = [], []
@@ -61,19 +64,19 @@ def run_variant(ps, shards, knobs):
         ddp.zero_grad_buffer()
         opt.zero_grad()
         out = fb(forward_step_func=ME.forward_step, data_iterator=it, model=[ddp], num_microbatches=1,
-                 seq_length=SEQ, micro_batch_size=MBS, decoder_seq_length=SEQ, forward_only=False)
+                 seq_length=SEQ, micro_batch_size=mbs, decoder_seq_length=SEQ, forward_only=False)
         opt.step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(float(out[0]["lm loss"]))
     dt = statistics.median(times[WARMUP:])
     world = dist.get_world_size()
-    tokens = MBS * SEQ * (world // tp)
-    f019 = flops_per_batch(spec, MBS * (world // tp), SEQ, spec.padded_vocab_for(tp))
+    tokens = mbs * SEQ * (world // tp)
+    f019 = flops_per_batch(spec, mbs * (world // tp), SEQ, spec.padded_vocab_for(tp))
     n_local = sum(p.numel() for p in model.parameters())
     n_untied = n_local * tp + (spec.padded_vocab_for(tp) * spec.hidden_size if spec.share_embeddings_and_output_weights else 0)
     f_probe = (6 * n_untied + 12 * spec.num_layers * spec.hidden_size * SEQ) * tokens
-    res = {"variant": "+".join(sorted(knobs)) or "base", "tp": tp, "gpus": world, "step_s": round(dt, 4),
+    res = {"variant": "+".join(sorted(knobs) + ([f"mbs{mbs}"] if mbs != MBS else [])) or "base", "tp": tp, "gpus": world, "step_s": round(dt, 4),
            "step_s_spread": round(max(times[WARMUP:]) - min(times[WARMUP:]), 4),
            "tokens_per_s": round(tokens / dt), "tflops_per_gpu_mcore019": round(f019 / dt / 1e12 / world, 1),
            "tflops_per_gpu_probe_formula": round(f_probe / dt / 1e12 / world, 1),

@@ -33,24 +33,50 @@ from .flops import flops_per_batch
 from .reference import checkpoint as C
 from .schedule import lr_at
 
-# Optional speed knobs, measured in docs/benchmarks.md (## Training); comma-separated.
-KNOBS = {k for k in os.environ.get("MFLOW_MEGATRON_KNOBS", "").split(",") if k}
+# Speed knobs, each measured in docs/benchmarks.md (## Training); comma-separated, "none" for none.
+DEFAULT_KNOBS = "ce_fusion,swiglu_fusion,fused_adam,compile_rope,cudnn_attn"
+KNOBS = {k for k in os.environ.get("MFLOW_MEGATRON_KNOBS", DEFAULT_KNOBS).split(",") if k and k != "none"}
 
 
-def sdpa_core_attention():
-    """A core_attention module on torch SDPA with DotProductAttention's constructor and forward."""
+def sdpa_core_attention(knobs: set = frozenset()):
+    """A core_attention module on torch SDPA with DotProductAttention's constructor and forward.
+
+    Knobs: `cudnn_attn` puts cuDNN's attention first (falling back to flash), `cudnn_attn_expand`
+    also repeats the KV heads, for cuDNN builds that refuse grouped-query inputs."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cudnn = "cudnn_attn" in knobs or "cudnn_attn_expand" in knobs
+    expand = "cudnn_attn_expand" in knobs
+    backends = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
     class SDPAAttention(DotProductAttention):
         def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                     packed_seq_params=None, **_):
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [s,b,h,d] -> [b,h,s,d]
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
-                                                 enable_gqa=q.size(1) != k.size(1))
+            if expand and q.size(1) != k.size(1):
+                rep = q.size(1) // k.size(1)
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            def attend():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
+                                                      enable_gqa=q.size(1) != k.size(1))
+            if cudnn:
+                with sdpa_kernel(backends, set_priority=True):
+                    out = attend()
+            else:
+                out = attend()
             s, b = query.size(0), query.size(1)
             return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
     return SDPAAttention
+
+
+def _compile_rope() -> None:
+    # Megatron's unfused RoPE (cos, sin, two cats, mul, add) as one compiled kernel per shape.
+    from megatron.core.models.common.embeddings import rope_utils
+    if not getattr(rope_utils, "_mflow_compiled", False):
+        rope_utils._apply_rotary_pos_emb_bshd = torch.compile(rope_utils._apply_rotary_pos_emb_bshd, dynamic=False)
+        rope_utils._mflow_compiled = True
 
 
 def transformer_config(spec: S.ModelSpec, tp: int, pp: int, precision: str, knobs: set = frozenset()):
@@ -74,14 +100,16 @@ def transformer_config(spec: S.ModelSpec, tp: int, pp: int, precision: str, knob
         cross_entropy_fusion_impl="native", use_cpu_initialization=False, perform_initialization=False)
 
 
-def build_model(spec: S.ModelSpec, config, tp: int, seq_length: int, attention: str):
+def build_model(spec: S.ModelSpec, config, tp: int, seq_length: int, attention: str, knobs: set = frozenset()):
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     layer_spec = get_gpt_layer_local_spec(normalization=spec.normalization)
     if attention == "sdpa":
-        layer_spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention()
+        layer_spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention(knobs)
+    if "compile_rope" in knobs:
+        _compile_rope()
     return GPTModel(
         config=config, transformer_layer_spec=layer_spec, vocab_size=spec.padded_vocab_for(tp),
         max_sequence_length=max(seq_length, spec.max_position_embeddings),
@@ -316,7 +344,7 @@ def train(cfg: TrainConfig) -> dict:
         _enable_fused_adamw()
 
     config = transformer_config(spec, cfg.tp, cfg.pp, cfg.precision, KNOBS)
-    model = build_model(spec, config, cfg.tp, cfg.seq_length, cfg.attention)
+    model = build_model(spec, config, cfg.tp, cfg.seq_length, cfg.attention, KNOBS)
     load_shard(model, cfg.shards, manifest, tp_rank, pp_rank)
     ddp = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(
         grad_reduce_in_fp32="bf16_grads" not in KNOBS, overlap_grad_reduce=False, use_distributed_optimizer=False),

@@ -43,6 +43,14 @@ pub enum Command {
         #[arg(long, value_enum)]
         backend: Option<BackendChoice>,
     },
+    /// Print every Kubernetes object a run would submit, as YAML, without a cluster.
+    Render {
+        spec: PathBuf,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        #[arg(long, value_enum, default_value_t = BackendChoice::Kubernetes)]
+        backend: BackendChoice,
+    },
     /// What changed in a stage's cache key since it last ran.
     Why {
         spec: PathBuf,
@@ -147,6 +155,9 @@ pub struct RunArgs {
     /// Where stages run; overrides `[pipeline] backend`.
     #[arg(long, value_enum)]
     pub backend: Option<BackendChoice>,
+    /// Kubernetes: send every object to the API server as a server-side dry run; runs nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
@@ -179,6 +190,15 @@ pub enum PlanFormat {
 pub fn main(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
         Command::Run(args) => run(args, cli.log_format),
+        Command::Render { spec, set, backend } => {
+            let (plan, store) = load_plan(&spec, &set, Some(backend))?;
+            if plan.spec.pipeline.backend != "kubernetes" {
+                return Err(Error::usage("only the kubernetes backend has objects to render", "pass --backend kubernetes"));
+            }
+            let yaml = crate::backend::kubernetes::render::render(&plan, &store).map_err(|e| Error::usage(e.to_string(), e.explain()))?;
+            print!("{yaml}");
+            Ok(ExitCode::Success)
+        }
         Command::Plan { spec, set, format, verify, backend } => {
             let (plan, store) = load_plan(&spec, &set, backend)?;
             let last = record::last_keys(&plan.spec.workdir());
@@ -341,6 +361,9 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
     let notify = s.notify.clone();
     let plan = plan::build(s, &env)?;
     let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io(Path::new("tokio runtime"), e))?;
+    if args.dry_run {
+        return dry_run(&plan, &rt);
+    }
     let opts = crate::exec::Options { jobs: args.jobs, force: args.force, verify: args.verify, mode: Mode::detect(format == LogFormat::Json), overrides: args.set };
     // A cluster that cannot run the plan is reported before anything starts.
     let backend = match rt.block_on(crate::backend::Backend::for_spec(&plan.spec)) {
@@ -371,6 +394,33 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
     }
     crate::ci::commands::after_run(&outcome.run_dir, args.junit.as_deref(), notify.as_ref(), &rt);
     Ok(crate::exit::for_run(r))
+}
+
+fn dry_run(plan: &plan::Plan, rt: &tokio::runtime::Runtime) -> Result<ExitCode, Error> {
+    if plan.spec.pipeline.backend != "kubernetes" {
+        return Err(Error::usage("--dry-run needs the kubernetes backend", "pass --backend kubernetes; `mflow plan` shows what a local run would do"));
+    }
+    let store = crate::cache::Store::open(&plan.spec.workdir())?;
+    let results = match rt.block_on(crate::backend::kubernetes::render::dry_run(plan, &store)) {
+        Ok(r) => r,
+        Err(e) => {
+            let code = if e.class() == crate::exec::retry::FailureClass::User { ExitCode::Invalid } else { ExitCode::Infra };
+            eprintln!("{:?}", miette::Report::new(e));
+            return Ok(code);
+        }
+    };
+    let mut rejected = 0;
+    for r in &results {
+        let stage = if r.stage.is_empty() { String::new() } else { format!(" (stage {})", r.stage) };
+        match &r.result {
+            Ok(()) => println!("{}{stage}: accepted (server-side dry run)", r.name),
+            Err(e) => {
+                rejected += 1;
+                println!("{}{stage}: rejected: {}", r.name, e.explain());
+            }
+        }
+    }
+    Ok(if rejected > 0 { ExitCode::Invalid } else { ExitCode::Success })
 }
 
 /// Stages that would run because this machine lacks their output, but that the cluster's cache

@@ -1,5 +1,9 @@
 use clap::Parser;
 
+// Planning a large DAG makes many short-lived allocations; mimalloc keeps them off the page-fault path.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = mflow::cli::Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

@@ -359,3 +359,38 @@ async fn an_object_the_server_rejects_fails_its_stage_with_the_servers_message()
     assert!(message.contains("is invalid") && message.contains("lots"), "the server's message is missing: {message}");
     assert!(message.contains("help: "), "the way forward is missing: {message}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn render_prints_the_trainjobs_without_a_cluster() {
+    let cluster = Cluster::start().await;
+    let spec = cluster.spec("spec.toml", TWO_STAGES);
+    // No cluster at all: a kubeconfig pointing nowhere must not matter.
+    let o = cluster.mflow(&["render", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let yaml = String::from_utf8_lossy(&o.stdout);
+    let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&yaml).map(|d| serde_yaml::with::singleton_map_recursive::deserialize(d).unwrap()).collect();
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "TrainJob").count(), 2, "{yaml}");
+    assert_eq!(cluster.trainjobs_created(), 0);
+
+    let o = cluster.mflow(&["render", spec.to_str().unwrap(), "--backend", "local"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("only the kubernetes backend has objects to render"), "{}", text(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_submits_nothing_and_reports_each_stage() {
+    let cluster = Cluster::start().await;
+    let spec = cluster.spec("spec.toml", TWO_STAGES);
+    let o = cluster.mflow(&["run", "--dry-run", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("(stage hello): accepted (server-side dry run)"), "{out}");
+    assert!(out.contains("(stage shout): accepted (server-side dry run)"), "{out}");
+    assert!(cluster.api.shared.list("trainjobs", NS).is_empty(), "a dry run stores nothing");
+
+    let bad = cluster.spec("bad.toml", "[stages.bloated]\nkind = \"command\"\nresources = { memory = \"lots\" }\nrun = [\"true\"]\n");
+    let o = cluster.mflow(&["run", "--dry-run", bad.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("(stage bloated): rejected"), "{}", text(&o));
+}

@@ -64,6 +64,9 @@ pub enum Lookup {
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
+    /// Entries this process already found intact (fast check), so that planning and running
+    /// check each entry once. Entries are immutable once committed; `remove` forgets them.
+    checked: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Manifest>>>,
 }
 
 /// Held while a key is being computed, so two runs never compute the same key at once.
@@ -77,7 +80,7 @@ impl Store {
         for d in [root.join(".staging"), root.join(".locks"), root.join(".trash")] {
             fs::create_dir_all(&d).map_err(io_err(&d))?;
         }
-        Ok(Store { root })
+        Ok(Store { root, checked: Default::default() })
     }
 
     pub fn root(&self) -> &Path {
@@ -94,12 +97,20 @@ impl Store {
 
     /// Checks an entry: sizes only by default, full digests with `verify`.
     pub fn lookup(&self, key: &str, verify: bool) -> Lookup {
+        if !verify {
+            if let Some(m) = self.checked.lock().unwrap().get(key) {
+                return Lookup::Hit(m.clone());
+            }
+        }
         let dir = self.entry_dir(key);
         if !dir.exists() {
             return Lookup::Miss;
         }
         match self.check(key, verify) {
-            Ok(m) => Lookup::Hit(m),
+            Ok(m) => {
+                self.checked.lock().unwrap().insert(key.to_string(), m.clone());
+                Lookup::Hit(m)
+            }
             Err(reason) => {
                 let _ = self.remove(key);
                 Lookup::Corrupt(reason)
@@ -158,8 +169,10 @@ impl Store {
         let files = scan(&out)?;
         let manifest = Manifest { version: 1, key: key.to_string(), stage: stage.to_string(), digest: digest_of(&files), files };
         let mpath = staging.join("manifest.json");
+        // No fsync per entry: it cost more than a small stage itself. A power loss can leave an
+        // entry with a short or empty file or manifest; the size check on lookup turns that into
+        // a miss, and `--verify` rehashes what sizes cannot catch.
         fs::write(&mpath, serde_json::to_vec_pretty(&manifest).expect("serializes")).map_err(io_err(&mpath))?;
-        File::open(&mpath).and_then(|f| f.sync_all()).map_err(io_err(&mpath))?;
         let dest = self.entry_dir(key);
         if dest.exists() {
             // Committed by someone else meanwhile; theirs stands.
@@ -176,6 +189,7 @@ impl Store {
 
     /// Moves an entry out of the way, then deletes it.
     pub fn remove(&self, key: &str) -> Result<(), CacheError> {
+        self.checked.lock().unwrap().remove(key);
         let dir = self.entry_dir(key);
         let trash = self.root.join(".trash").join(format!("{key}.{}", fastrand::u64(..)));
         fs::rename(&dir, &trash).map_err(io_err(&dir))?;

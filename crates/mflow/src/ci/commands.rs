@@ -176,6 +176,10 @@ pub fn schedule(c: ScheduleCommand) -> Result<ExitCode, Error> {
 /// After `mflow run`: the JUnit file, the GitHub step summary and the notification. None of
 /// them changes the run's exit code; problems are warnings.
 pub fn after_run(run_dir: &Path, junit: Option<&Path>, notify: Option<&Map<String, Json>>, rt: &tokio::runtime::Runtime) {
+    let wanted = junit.is_some() || notify.is_some() || std::env::var_os("GITHUB_STEP_SUMMARY").is_some_and(|v| !v.is_empty());
+    if !wanted {
+        return;
+    }
     let (Some(workdir), Some(id)) = (run_dir.parent().and_then(Path::parent), run_dir.file_name()) else { return };
     let run = match RunData::load(workdir, Some(&id.to_string_lossy())) {
         Ok(r) => r,

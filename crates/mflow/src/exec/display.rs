@@ -47,12 +47,12 @@ impl Display {
             Mode::Live => {
                 let _ = self.multi.println(text);
             }
-            _ => eprintln!("{text}"),
+            _ => emit(text),
         }
     }
 
     fn json(&self, v: serde_json::Value) {
-        eprintln!("{v}");
+        emit(v.to_string());
     }
 
     pub fn line(&self, stage: &str, text: &str) {
@@ -128,4 +128,11 @@ impl Display {
         }
         let _ = self.multi.clear();
     }
+}
+
+/// One line to stderr in one write: stderr is unbuffered, and `eprintln!` costs two.
+fn emit(mut text: String) {
+    use std::io::Write;
+    text.push('\n');
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }

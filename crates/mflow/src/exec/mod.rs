@@ -38,6 +38,8 @@ pub enum StageEnd {
     Failed { class: FailureClass, message: String },
 }
 
+const RECORD_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+
 pub struct RunOutcome {
     pub record: RunRecord,
     pub run_dir: PathBuf,
@@ -60,6 +62,9 @@ pub(crate) struct Shared {
     pub run_id: String,
     pub run_dir: PathBuf,
     pub record: Mutex<RunRecord>,
+    /// Wakes the record writer; run.json is rewritten at most every `RECORD_INTERVAL`, not on
+    /// every transition (a 1000-stage run would otherwise rewrite it thousands of times).
+    pub record_changed: tokio::sync::Notify,
     pub display: Arc<std::sync::Mutex<Display>>,
     pub lines: mpsc::UnboundedSender<Line>,
     pub cancel: watch::Receiver<Cancel>,
@@ -73,7 +78,7 @@ impl Shared {
         if let Some(s) = rec.stages.get_mut(stage) {
             f(s);
         }
-        let _ = record::write_json(&self.run_dir.join("run.json"), &*rec);
+        self.record_changed.notify_one();
     }
 
     pub fn show(&self, stage: &str, what: &str, detail: &str) {
@@ -156,6 +161,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
         run_id: run_id.clone(),
         run_dir: run_dir.clone(),
         record: Mutex::new(rec),
+        record_changed: tokio::sync::Notify::new(),
         lines: line_tx,
         cancel: cancel_rx,
         verify: opts.verify,
@@ -168,6 +174,19 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
         tokio::spawn(async move {
             while let Some(l) = line_rx.recv().await {
                 display.lock().unwrap().line(&l.stage, &l.text);
+            }
+        })
+    };
+    let record_writer = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            loop {
+                shared.record_changed.notified().await;
+                let rec = shared.record.lock().await.clone();
+                // No await between here and the rename, so aborting this task never leaves a
+                // write behind that could land after the final one.
+                let _ = record::write_json(&shared.run_dir.join("run.json"), &rec);
+                tokio::time::sleep(RECORD_INTERVAL).await;
             }
         })
     };
@@ -194,6 +213,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
     let mut state: Vec<Option<StageEnd>> = vec![None; n];
     let mut running = vec![false; n];
     let mut running_count = 0usize;
+    let mut missed: Vec<Option<String>> = vec![None; n];
     let mut keys: BTreeMap<String, KeyParts> = BTreeMap::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, StageEnd, pool::Grant)>();
     loop {
@@ -229,15 +249,23 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                     progressed = true;
                     continue;
                 }
-                let digest_of = |d: usize| match &state[d] {
-                    Some(StageEnd::Done { digest, .. }) => Some(digest.clone()),
-                    _ => None,
-                };
-                let parts = shared.plan.parts_with(i, &digest_of).expect("upstream done");
-                let key = parts.key();
-                keys.insert(name.clone(), parts);
                 let forced = opts.force.iter().any(|f| f == &name);
-                if st.spec.cache && !forced {
+                // A ready stage waiting for a slot keeps its key and its cache miss; looking
+                // again on every pass made scheduling quadratic in the number of ready stages.
+                let key = match &missed[i] {
+                    Some(key) => key.clone(),
+                    None => {
+                        let digest_of = |d: usize| match &state[d] {
+                            Some(StageEnd::Done { digest, .. }) => Some(digest.clone()),
+                            _ => None,
+                        };
+                        let parts = shared.plan.parts_with(i, &digest_of).expect("upstream done");
+                        let key = parts.key();
+                        keys.insert(name.clone(), parts);
+                        key
+                    }
+                };
+                if st.spec.cache && !forced && missed[i].is_none() {
                     match shared.store.lookup(&key, shared.verify) {
                         Lookup::Hit(m) => {
                             let output = shared.store.output_dir(&key);
@@ -250,7 +278,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                                 })
                                 .await;
                             shared.show(&name, "cached", &crate::cache::key::short(&key).to_string());
-                            state[i] = Some(match stage::check_gates(&shared, &name, &output).await {
+                            state[i] = Some(match stage::check_gates(&shared, i, &output).await {
                                 Some(message) => {
                                     shared.update(&name, |r| {
                                         r.status = StageStatus::Failed;
@@ -272,6 +300,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                         Lookup::Miss => {}
                     }
                 }
+                missed[i] = Some(key.clone());
                 if running_count >= jobs {
                     continue;
                 }
@@ -315,9 +344,11 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
         state[i] = Some(end);
     }
     signals.abort();
+    record_writer.abort();
+    let _ = record_writer.await;
     drop(done_tx);
 
-    record::save_last_keys(&workdir, &keys);
+    record::save_last_keys(&workdir, last, &keys);
     let mut rec = shared.record.lock().await.clone();
     let ends: Vec<&StageEnd> = state.iter().flatten().collect();
     let cancelled = *shared.cancel.borrow() != Cancel::None;

@@ -42,7 +42,7 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
             })
             .await;
             sh.show(&name, "cached", "computed by another run");
-            if let Some(message) = check_gates(sh, &name, &output).await {
+            if let Some(message) = check_gates(sh, i, &output).await {
                 return fail(sh, &name, FailureClass::Gate, message).await;
             }
             return StageEnd::Done { digest: m.digest, output, cached: true };
@@ -191,7 +191,7 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
                 .await;
                 sh.show(&name, "succeeded", &format!("{:.1}s", total));
                 // A gate judges the result; the result itself stays cached.
-                if let Some(message) = check_gates(sh, &name, &output).await {
+                if let Some(message) = check_gates(sh, i, &output).await {
                     return fail(sh, &name, FailureClass::Gate, message).await;
                 }
                 return StageEnd::Done { digest: manifest.digest, output, cached: false };
@@ -224,8 +224,9 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
 
 /// Checks the stage's gates against the `metrics.json` in its output, records the results, and
 /// returns the failure message if any gate failed.
-pub(super) async fn check_gates(sh: &Shared, name: &str, output: &std::path::Path) -> Option<String> {
-    let gates = &sh.plan.stages.iter().find(|s| s.spec.name == name)?.spec.gates;
+pub(super) async fn check_gates(sh: &Shared, i: usize, output: &std::path::Path) -> Option<String> {
+    let name = sh.plan.stages[i].spec.name.as_str();
+    let gates = &sh.plan.stages[i].spec.gates;
     if gates.is_empty() {
         return None;
     }

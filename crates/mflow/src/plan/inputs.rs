@@ -61,11 +61,16 @@ impl InputHasher {
                 return Err(InputError::Escapes { stage: stage.into(), pattern: pattern.clone(), root: root.to_path_buf() });
             }
             let full = base.join(p);
-            let paths = glob::glob(&full.to_string_lossy())
-                .map_err(|e| InputError::Pattern { stage: stage.into(), pattern: pattern.clone(), reason: e.to_string() })?;
             let mut files = Vec::new();
-            for entry in paths.flatten() {
-                collect(&entry, &mut files);
+            if pattern.contains(['*', '?', '[']) {
+                let paths = glob::glob(&full.to_string_lossy())
+                    .map_err(|e| InputError::Pattern { stage: stage.into(), pattern: pattern.clone(), reason: e.to_string() })?;
+                for entry in paths.flatten() {
+                    collect(&entry, &mut files);
+                }
+            } else {
+                // A plain path: no glob walk over its ancestors.
+                collect(&full, &mut files);
             }
             if files.is_empty() {
                 return Err(InputError::NoMatch { stage: stage.into(), pattern: pattern.clone() });
@@ -111,13 +116,14 @@ impl InputHasher {
 }
 
 fn collect(path: &Path, out: &mut Vec<PathBuf>) {
-    if path.is_dir() {
+    let Ok(meta) = std::fs::metadata(path) else { return };
+    if meta.is_dir() {
         let mut entries: Vec<PathBuf> = std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| e.path()).collect();
         entries.sort();
         for e in entries {
             collect(&e, out);
         }
-    } else if path.is_file() {
+    } else if meta.is_file() {
         out.push(path.to_path_buf());
     }
 }

@@ -4,7 +4,8 @@
 mod checks;
 pub mod inputs;
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::path::PathBuf;
 
 use miette::Diagnostic;
@@ -78,7 +79,7 @@ pub fn build(spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
     let mut stages = Vec::new();
     for &i in &order {
         let st = &stage_specs[i];
-        let params = crate::stages::resolve_params(st, env).map_err(|(message, help)| PlanError::Invalid { stage: st.name.clone(), message, help })?;
+        let params = crate::stages::resolve_params(st, crate::backend::stage_gpus(&spec, st, env)).map_err(|(message, help)| PlanError::Invalid { stage: st.name.clone(), message, help })?;
         let mut params = params;
         if let Some(src) = params.get("source").and_then(Json::as_str).filter(|s| s.starts_with("hf://")) {
             // The Hub's commit, not the name, identifies the weights.
@@ -99,7 +100,12 @@ pub fn build(spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
             salt: st.salt.clone(),
         };
         let deps = st.needs.iter().map(|n| position[n]).collect();
-        stages.push(PlannedStage { spec: st.clone(), deps, parts, inserted: st.description.as_deref() == Some(RESHARD_NOTE) });
+        let mut spec_of_stage = st.clone();
+        // A Megatron stage holds its GPUs in the pool, so that two such stages never share one.
+        if parts.params.get("engine").and_then(Json::as_str) == Some("megatron") && spec_of_stage.resources.gpus == 0 && spec.pipeline.backend != "kubernetes" {
+            spec_of_stage.resources.gpus = crate::stages::world_size(st.kind, parts.params.as_object().expect("params are a table")) as u32;
+        }
+        stages.push(PlannedStage { spec: spec_of_stage, deps, parts, inserted: st.description.as_deref() == Some(RESHARD_NOTE) });
     }
     hasher.save();
     Ok(Plan { spec, stages, root })
@@ -159,16 +165,26 @@ fn insert_reshards(stages: &mut Vec<StageSpec>) {
 
 /// Kahn's algorithm, ties broken by file order, so plans read like the spec.
 fn topo_order(stages: &[StageSpec]) -> Vec<usize> {
-    let mut indeg: Vec<usize> = stages.iter().map(|s| s.needs.len()).collect();
+    // Kahn's algorithm taking the lowest ready index first, so the order follows the spec.
+    let index: HashMap<&str, usize> = stages.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
+    let mut dependents = vec![Vec::new(); stages.len()];
+    let mut indeg = vec![0usize; stages.len()];
+    for (j, s) in stages.iter().enumerate() {
+        for n in &s.needs {
+            if let Some(&i) = index.get(n.as_str()) {
+                dependents[i].push(j);
+                indeg[j] += 1;
+            }
+        }
+    }
+    let mut ready: BinaryHeap<Reverse<usize>> = (0..stages.len()).filter(|&i| indeg[i] == 0).map(Reverse).collect();
     let mut order = Vec::with_capacity(stages.len());
-    let mut done = vec![false; stages.len()];
-    while order.len() < stages.len() {
-        let Some(i) = (0..stages.len()).find(|&i| !done[i] && indeg[i] == 0) else { break };
-        done[i] = true;
+    while let Some(Reverse(i)) = ready.pop() {
         order.push(i);
-        for (j, s) in stages.iter().enumerate() {
-            if s.needs.iter().any(|n| n == &stages[i].name) {
-                indeg[j] -= 1;
+        for &j in &dependents[i] {
+            indeg[j] -= 1;
+            if indeg[j] == 0 {
+                ready.push(Reverse(j));
             }
         }
     }

@@ -117,7 +117,7 @@ pub fn new_run_id() -> String {
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename. Readers see the old or the
-/// new file, never a torn one. No fsync: records are rewritten at every stage transition, and
+/// new file, never a torn one. No fsync: records are rewritten several times a second, and
 /// only cache commits need to survive a power loss.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp{}", fastrand::u32(..)));
@@ -177,12 +177,21 @@ pub fn last_keys(workdir: &Path) -> BTreeMap<String, KeyParts> {
     std::fs::read(workdir.join("state").join("keys.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
 }
 
-pub fn save_last_keys(workdir: &Path, keys: &BTreeMap<String, KeyParts>) {
-    let dir = workdir.join("state");
-    let _ = std::fs::create_dir_all(&dir);
-    let mut all = last_keys(workdir);
-    all.extend(keys.iter().map(|(k, v)| (k.clone(), v.clone())));
-    let _ = write_json(&dir.join("keys.json"), &all);
+/// Merges this run's keys into `last` (as loaded at the start of the run) and writes them back,
+/// unless nothing changed: a no-op rerun writes nothing here.
+pub fn save_last_keys(workdir: &Path, mut last: BTreeMap<String, KeyParts>, keys: &BTreeMap<String, KeyParts>) {
+    let mut changed = false;
+    for (name, parts) in keys {
+        if last.get(name) != Some(parts) {
+            last.insert(name.clone(), parts.clone());
+            changed = true;
+        }
+    }
+    if changed {
+        let dir = workdir.join("state");
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = write_json(&dir.join("keys.json"), &last);
+    }
 }
 
 /// The commit of the git repository holding `dir`, if any (read from .git without running git).

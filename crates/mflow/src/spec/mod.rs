@@ -205,6 +205,7 @@ pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, Spec
     }
     let names: Vec<String> = stage_entries.iter().map(|(k, _)| k.name.clone()).collect();
     let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let name_set: std::collections::HashSet<&str> = name_refs.iter().copied().collect();
 
     let mut stages = Vec::new();
     // (from, to, span) for cycle reports
@@ -215,6 +216,7 @@ pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, Spec
             continue;
         }
         let mut node = node.clone();
+        let first_edge = edges.len();
         interpolate_vars(&src, &mut node, &var_nodes, &mut errors);
         collect_stage_refs(&src, &key.name, &node, &name_refs, &mut edges, &mut errors);
         let table = format!("[stages.{}]", key.name);
@@ -242,7 +244,7 @@ pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, Spec
         if let Some(Node { value: Val::Array(items), .. }) = node.get("needs") {
             for item in items {
                 if let Val::Str(n) = &item.value {
-                    if !names.contains(n) {
+                    if !name_set.contains(n.as_str()) {
                         errors.push(SpecError::UnknownStage {
                             src: src.clone(),
                             span: to_span(item.span()),
@@ -279,16 +281,14 @@ pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, Spec
         kind.check(&src, &node, &values, &name_refs, &mut errors);
         // An evaluation baseline is read from another stage's output: that is an edge too.
         if let Some(b) = values.get("baseline").and_then(Json::as_str) {
-            if names.iter().any(|n| n == b) {
+            if name_set.contains(b) {
                 edges.push((key.name.clone(), b.to_string(), node.get("baseline").and_then(Node::span)));
             }
         }
 
         let mut needs: BTreeSet<String> = BTreeSet::new();
-        for (from, to, _) in &edges {
-            if from == &key.name {
-                needs.insert(to.clone());
-            }
+        for (_, to, _) in &edges[first_edge..] {
+            needs.insert(to.clone());
         }
         let retries = values.get("retries").map(retry_policy).unwrap_or_else(|| default_retries.clone());
         let timeout = values.get("timeout").and_then(duration).or(default_timeout);

@@ -10,7 +10,8 @@ use crate::env::Environment;
 use crate::spec::StageSpec;
 
 /// Parameters as they enter the cache key: defaults filled, `auto` choices made.
-pub fn resolve_params(st: &StageSpec, env: &Environment) -> Result<Json, (String, String)> {
+/// `gpus`: GPUs the stage's processes will see (`crate::backend::stage_gpus`).
+pub fn resolve_params(st: &StageSpec, gpus: usize) -> Result<Json, (String, String)> {
     let mut p = st.params.clone();
     if !st.env.is_empty() {
         // Environment variables shape the output as much as parameters do.
@@ -18,9 +19,9 @@ pub fn resolve_params(st: &StageSpec, env: &Environment) -> Result<Json, (String
     }
     if matches!(st.kind, Kind::Train | Kind::Evaluate) {
         let engine = match p.get("engine").and_then(Json::as_str).unwrap_or("auto") {
-            "auto" if env.gpus.is_empty() => "reference",
+            "auto" if gpus == 0 => "reference",
             "auto" => "megatron",
-            "megatron" if env.gpus.is_empty() => {
+            "megatron" if gpus == 0 => {
                 return Err((
                     "engine = \"megatron\" needs CUDA, and no GPU is visible".into(),
                     "run on a machine with GPUs, or set engine = \"reference\" (or \"auto\") to train on CPU".into(),
@@ -34,8 +35,8 @@ pub fn resolve_params(st: &StageSpec, env: &Environment) -> Result<Json, (String
         }
         if engine == "megatron" {
             let world = world_size(st.kind, &p) as usize;
-            if world > env.gpus.len() {
-                return Err((format!("needs {world} GPUs (tp x pp x dp), {} visible", env.gpus.len()), "lower tp/pp/dp or run where more GPUs are visible".into()));
+            if world > gpus {
+                return Err((format!("needs {world} GPUs (tp x pp x dp), {gpus} visible"), "lower tp/pp/dp, or request more GPUs (resources.gpus x nodes on Kubernetes)".into()));
             }
         }
         p.insert("engine".into(), json!(engine));
@@ -61,7 +62,7 @@ pub fn workload_digest(kind: Kind) -> String {
     }
 }
 
-fn world_size(kind: Kind, p: &Map<String, Json>) -> u64 {
+pub fn world_size(kind: Kind, p: &Map<String, Json>) -> u64 {
     let g = |k: &str| p.get(k).and_then(Json::as_u64).unwrap_or(1);
     match kind {
         Kind::Train => g("tp") * g("pp") * g("dp"),
@@ -200,7 +201,12 @@ pub fn build_job(cx: &JobContext<'_>) -> Result<JobPlan, String> {
     };
     if cx.stage.kind.uses_python() {
         let dir = cx.env.workloads_dir().map_err(|e| e.to_string())?;
-        env.insert("PYTHONPATH".into(), dir.to_string_lossy().to_string());
+        // The workloads first; the user's own PYTHONPATH (a site of extra wheels, say) stays.
+        let mut path = dir.to_string_lossy().to_string();
+        if let Some(user) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+            path = format!("{path}:{}", user.to_string_lossy());
+        }
+        env.insert("PYTHONPATH".into(), path);
         env.insert("PYTHONUNBUFFERED".into(), "1".into());
     }
     if !cx.gpus.is_empty() {

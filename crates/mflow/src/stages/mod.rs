@@ -3,7 +3,7 @@
 pub mod fields;
 mod job;
 
-pub use job::{build_job, external_inputs, resolve_params, workload_digest, JobContext, JobPlan};
+pub use job::{build_job, external_inputs, resolve_params, workload_digest, world_size, JobContext, JobPlan};
 
 use serde_json::{Map, Value as Json};
 
