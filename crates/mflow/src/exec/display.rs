@@ -33,38 +33,62 @@ pub struct Display {
     bars: BTreeMap<String, ProgressBar>,
     last_plain: BTreeMap<String, Instant>,
     width: usize,
+    /// "cached" lines not yet written: a no-op run of a large DAG writes them in one go.
+    pending: String,
 }
 
 impl Display {
     pub fn new(mode: Mode, names: &[String]) -> Display {
         let multi = MultiProgress::with_draw_target(if mode == Mode::Live { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
         let width = names.iter().map(String::len).max().unwrap_or(4).min(24);
-        Display { mode, multi, bars: BTreeMap::new(), last_plain: BTreeMap::new(), width }
+        Display { mode, multi, bars: BTreeMap::new(), last_plain: BTreeMap::new(), width, pending: String::new() }
     }
 
-    fn say(&self, text: String) {
+    fn say(&mut self, text: String) {
         match self.mode {
             Mode::Live => {
+                self.flush();
                 let _ = self.multi.println(text);
             }
-            _ => emit(text),
+            _ => self.emit(text),
         }
     }
 
-    fn json(&self, v: serde_json::Value) {
-        emit(v.to_string());
+    fn json(&mut self, v: serde_json::Value) {
+        self.emit(v.to_string());
     }
 
-    pub fn line(&self, stage: &str, text: &str) {
+    /// Queues a line; anything but a cache hit is written at once, with what was queued before it.
+    fn emit(&mut self, text: String) {
+        self.pending.push_str(&text);
+        self.pending.push('\n');
+    }
+
+    /// Writes queued lines in one write (stderr is unbuffered).
+    pub fn flush(&mut self) {
+        use std::io::Write;
+        if !self.pending.is_empty() {
+            let _ = std::io::stderr().lock().write_all(self.pending.as_bytes());
+            self.pending.clear();
+        }
+    }
+
+    pub fn line(&mut self, stage: &str, text: &str) {
         if self.mode == Mode::Json {
-            return self.json(serde_json::json!({"event": "output", "stage": stage, "line": text}));
+            self.json(serde_json::json!({"event": "output", "stage": stage, "line": text}));
+        } else {
+            self.say(format!("{:>w$} | {text}", stage, w = self.width));
         }
-        self.say(format!("{:>w$} | {text}", stage, w = self.width));
+        self.flush();
     }
 
     pub fn status(&mut self, stage: &str, what: &str, detail: &str) {
         if self.mode == Mode::Json {
-            return self.json(serde_json::json!({"event": what, "stage": stage, "detail": detail}));
+            self.json(serde_json::json!({"event": what, "stage": stage, "detail": detail}));
+            if what != "cached" {
+                self.flush();
+            }
+            return;
         }
         let mark = match what {
             "started" => "▶",
@@ -77,6 +101,9 @@ impl Display {
             _ => "·",
         };
         self.say(format!("{mark} {stage} {what}{}{detail}", if detail.is_empty() { "" } else { ": " }));
+        if what != "cached" {
+            self.flush();
+        }
         if what == "started" && self.mode == Mode::Live {
             let bar = self.multi.add(ProgressBar::new_spinner());
             bar.set_style(ProgressStyle::with_template("  {prefix:.bold} [{elapsed_precise}] {wide_msg}").unwrap());
@@ -120,19 +147,14 @@ impl Display {
             }
             Mode::Json => self.json(serde_json::json!({"event": "progress", "stage": stage, "done": ev.done, "total": ev.total, "unit": ev.unit, "message": ev.message})),
         }
+        self.flush();
     }
 
     pub fn finish(&mut self) {
+        self.flush();
         for (_, b) in std::mem::take(&mut self.bars) {
             b.finish_and_clear();
         }
         let _ = self.multi.clear();
     }
-}
-
-/// One line to stderr in one write: stderr is unbuffered, and `eprintln!` costs two.
-fn emit(mut text: String) {
-    use std::io::Write;
-    text.push('\n');
-    let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }

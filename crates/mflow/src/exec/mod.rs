@@ -334,6 +334,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                 });
             }
         }
+        shared.display.lock().unwrap().flush();
         if running_count == 0 {
             break;
         }

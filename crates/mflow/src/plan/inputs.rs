@@ -75,17 +75,16 @@ impl InputHasher {
             if files.is_empty() {
                 return Err(InputError::NoMatch { stage: stage.into(), pattern: pattern.clone() });
             }
-            for f in files {
+            for (f, meta) in files {
                 let rel = f.strip_prefix(base).map(|r| r.to_string_lossy().to_string()).unwrap_or_else(|_| f.to_string_lossy().to_string());
-                let d = self.file(&f).map_err(|source| InputError::Io { stage: stage.into(), path: f.clone(), source })?;
+                let d = self.file(&f, &meta).map_err(|source| InputError::Io { stage: stage.into(), path: f.clone(), source })?;
                 out.insert(rel, d);
             }
         }
         Ok(out)
     }
 
-    fn file(&self, path: &Path) -> std::io::Result<String> {
-        let meta = std::fs::metadata(path)?;
+    fn file(&self, path: &Path, meta: &std::fs::Metadata) -> std::io::Result<String> {
         let mtime_ns = meta
             .modified()?
             .duration_since(std::time::UNIX_EPOCH)
@@ -115,7 +114,7 @@ impl InputHasher {
     }
 }
 
-fn collect(path: &Path, out: &mut Vec<PathBuf>) {
+fn collect(path: &Path, out: &mut Vec<(PathBuf, std::fs::Metadata)>) {
     let Ok(meta) = std::fs::metadata(path) else { return };
     if meta.is_dir() {
         let mut entries: Vec<PathBuf> = std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| e.path()).collect();
@@ -124,7 +123,7 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>) {
             collect(&e, out);
         }
     } else if meta.is_file() {
-        out.push(path.to_path_buf());
+        out.push((path.to_path_buf(), meta));
     }
 }
 
