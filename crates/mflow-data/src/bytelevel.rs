@@ -88,7 +88,7 @@ impl ByteLevelSplitter {
 /// The split regex of a supported pre-tokenizer configuration.
 fn supported_pattern(pre: &Value) -> Option<String> {
     let byte_level = |v: &Value, use_regex: bool| {
-        v["type"] == "ByteLevel" && v["add_prefix_space"] == false && v.get("use_regex").map_or(true, |r| r == use_regex)
+        v["type"] == "ByteLevel" && v["add_prefix_space"] == false && v.get("use_regex").is_none_or(|r| r == use_regex)
     };
     if byte_level(pre, true) {
         return Some(GPT2_PATTERN.to_string());

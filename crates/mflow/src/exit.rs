@@ -68,7 +68,7 @@ pub fn for_run(rec: &RunRecord) -> ExitCode {
         ExitCode::StageFailed
     } else if classes.iter().any(|c| *c == "infra" || *c == "timeout") {
         ExitCode::Infra
-    } else if classes.iter().any(|c| *c == "gate") {
+    } else if classes.contains(&"gate") {
         ExitCode::GateFailed
     } else if classes.is_empty() {
         ExitCode::Cancelled

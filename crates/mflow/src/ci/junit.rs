@@ -98,7 +98,7 @@ fn clean(s: &str) -> String {
             // Skip an ANSI escape sequence: ESC [ ... final byte in @..~
             if chars.peek() == Some(&'[') {
                 chars.next();
-                while let Some(d) = chars.next() {
+                for d in chars.by_ref() {
                     if ('@'..='~').contains(&d) {
                         break;
                     }

@@ -277,7 +277,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                                     r.output_digest = Some(m.digest.clone());
                                 })
                                 .await;
-                            shared.show(&name, "cached", &crate::cache::key::short(&key).to_string());
+                            shared.show(&name, "cached", crate::cache::key::short(&key));
                             state[i] = Some(match stage::check_gates(&shared, i, &output).await {
                                 Some(message) => {
                                     shared.update(&name, |r| {

@@ -107,7 +107,7 @@ impl RetryState {
         if !policy.on.contains(&class) {
             return Verdict::GiveUp(format!("{class} failures are not retried"));
         }
-        let advanced = matches!((before, after), (b, Some(a)) if b.map_or(true, |b| a > b));
+        let advanced = matches!((before, after), (b, Some(a)) if b.is_none_or(|b| a > b));
         if let Some(a) = after {
             if !advanced && self.last_failed_checkpoint == Some(a) {
                 return Verdict::GiveUp(format!("failed twice at checkpoint iteration {a}; the failure is deterministic"));

@@ -185,7 +185,7 @@ pub fn suggest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
         .map(|(_, c)| c)
 }
 
-pub fn did_you_mean<'a>(word: &str, candidates: &[&'a str], what: &str) -> String {
+pub fn did_you_mean(word: &str, candidates: &[&str], what: &str) -> String {
     match suggest(word, candidates.iter().copied()) {
         Some(s) => format!("did you mean `{s}`?"),
         None if candidates.is_empty() => format!("there are no {what}"),
