@@ -110,7 +110,7 @@ def build_model(spec: S.ModelSpec, config, tp: int, seq_length: int, attention: 
         layer_spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention(knobs)
     if "compile_rope" in knobs:
         _compile_rope()
-    return GPTModel(
+    model = GPTModel(
         config=config, transformer_layer_spec=layer_spec, vocab_size=spec.padded_vocab_for(tp),
         max_sequence_length=max(seq_length, spec.max_position_embeddings),
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
@@ -119,6 +119,11 @@ def build_model(spec: S.ModelSpec, config, tp: int, seq_length: int, attention: 
         if float(spec.rotary_base).is_integer() else spec.rotary_base,
         rotary_percent=spec.rotary_percent, rope_scaling=spec.rope_scaling,
         rope_scaling_factor=spec.rope_scaling_factor).cuda()
+    if config.bf16:
+        # Without apex, norms are plain torch modules created in fp32 (a LayerNorm then refuses bf16
+        # input); cast everything, as Megatron's Float16Module does. The optimizer keeps fp32 copies.
+        model = model.to(torch.bfloat16)
+    return model
 
 
 def load_shard(model, shards_dir: str, manifest: dict, tp_rank: int, pp_rank: int) -> None:
