@@ -111,20 +111,8 @@ pub enum Outcome {
     Failed { class: FailureClass, message: String },
 }
 
-/// Why a stage attempt failed; the engine keeps one retry budget per class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FailureClass {
-    /// Eviction, preemption, node loss, or a Job failure without pod evidence.
-    Infra,
-    /// The stage's program exited non-zero.
-    User,
-    /// A container was OOMKilled.
-    Oom,
-    /// `activeDeadlineSeconds` expired.
-    Timeout,
-    /// The run was cancelled by mflow.
-    Cancelled,
-}
+/// Why a stage attempt failed (mflow's own classes; a Kubernetes failure is never `Gate`).
+pub use mflow_progress::FailureClass;
 
 /// One line of stage output. `rank` is the node rank of the pod it came from; `None` marks
 /// mflow's own state lines.

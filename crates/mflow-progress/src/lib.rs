@@ -5,7 +5,11 @@
 //! the variable is absent (a standalone command such as `mflow convert`), the reporter draws an
 //! indicatif bar on an interactive terminal and stays quiet otherwise.
 //!
-//! Python workloads write the same lines; see `workloads/mflow_workloads/events.py`.
+//! Python workloads write the same lines; see `workloads/mflow_workloads/events.py`. A stage may
+//! also name the class of its own failure ([`FailureClass`]) in its `MFLOW_STATUS` file.
+
+mod class;
+pub use class::FailureClass;
 
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};

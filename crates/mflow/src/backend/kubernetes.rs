@@ -248,7 +248,6 @@ impl Kubernetes {
                 if let Some(o) = &own {
                     o.clear();
                 }
-                let class = map_class(class);
                 // The stage's own word (written on the shared volume) refines the pod's exit.
                 match super::local::read_status(&status) {
                     Some((own, why)) if matches!(class, FailureClass::User | FailureClass::Infra) => Outcome::Failed { class: own, message: why },
@@ -420,16 +419,6 @@ fn runtime_of<'a>(settings: &'a Settings, info: &StageInfo) -> &'a str {
         &settings.runtime
     } else {
         &settings.cpu_runtime
-    }
-}
-
-fn map_class(class: mflow_kube::FailureClass) -> FailureClass {
-    match class {
-        mflow_kube::FailureClass::Infra => FailureClass::Infra,
-        mflow_kube::FailureClass::User => FailureClass::User,
-        mflow_kube::FailureClass::Oom => FailureClass::Oom,
-        mflow_kube::FailureClass::Timeout => FailureClass::Timeout,
-        mflow_kube::FailureClass::Cancelled => FailureClass::Cancelled,
     }
 }
 
