@@ -3,10 +3,7 @@
 # shape), Megatron vs reference first-step loss, and a Megatron train + SIGKILL + resume cycle.
 # Run on a 2-GPU machine from the repository root with megatron-core and blake3 wheels in .whl/.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/mflow-gpu-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/workloads
+source tests/gpu/env.sh
 W=${W:-/tmp/mflow-gpu-work}
 python3 -c 'import torch, megatron.core, transformers; print("torch", torch.__version__, "mcore", megatron.core.__version__, "transformers", transformers.__version__, "gpus", torch.cuda.device_count())'
 t0=$(date +%s)

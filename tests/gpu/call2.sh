@@ -2,10 +2,7 @@
 # GPU validation, part 2: parity re-check, Megatron kill/resume, throughput variants at TP=2 and TP=1,
 # and a Llama-3.2-1B-shape training run through the entry point with checkpoint save and resume.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/mflow-gpu-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/workloads
+source tests/gpu/env.sh
 W=${W:-/tmp/mflow-gpu-work}; t0=$(date +%s)
 [ -f "$W/models.json" ] || python3 tests/gpu/prepare.py "$W" --big 2>&1 | grep -v -i "warn\|Writing\|Loading"
 echo "prepare done at $(( $(date +%s) - t0 ))s"

@@ -2,10 +2,7 @@
 # GPU validation, part 3: Megatron kill/resume cycle, the 1B-shape run with checkpoint save and resume
 # through the entry point, and the bf16 gradient-buffer variant.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/mflow-gpu-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/workloads
+source tests/gpu/env.sh
 W=${W:-/tmp/mflow-gpu-work}; t0=$(date +%s)
 python3 tests/gpu/prepare.py "$W" --big 2>&1 | grep -v -i "warn\|Writing\|Loading"
 echo "prepare done at $(( $(date +%s) - t0 ))s"

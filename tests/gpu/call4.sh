@@ -2,10 +2,7 @@
 # GPU validation, part 4: Megatron SIGKILL + resume (tiny llama, TP=2) and the 1B-shape checkpoint
 # save/resume timings through the entry point.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/mflow-gpu-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/workloads
+source tests/gpu/env.sh
 W=${W:-/tmp/mflow-gpu-work}; t0=$(date +%s)
 PREP_DTYPES=bfloat16 PREP_1B_TP=2 python3 tests/gpu/prepare.py "$W" --big 2>&1 | grep -v -i "warn\|Writing\|Loading"
 echo "prepare done at $(( $(date +%s) - t0 ))s"

@@ -4,11 +4,8 @@
 # with 2 GPUs and the megatron-core and blake3 wheels in .whl/:
 #   MFLOW=path/to/mflow bash tests/gpu/ckpt_megatron_check.sh
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+source tests/gpu/env.sh
 : "${MFLOW:?set MFLOW to the mflow binary}"
-OUT=${OUT:-/tmp/mflow-gpu-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/workloads
 python3 -c 'import torch, megatron.core, transformers; print("torch", torch.__version__, "mcore", megatron.core.__version__, "transformers", transformers.__version__, "gpus", torch.cuda.device_count())'
 python3 tests/gpu/ckpt_megatron_check.py "${W:-/tmp/mflow-gpu-work}/ckpt" "$OUT/ckpt_megatron_check.jsonl" 2>&1 \
   | grep -v -i "warn\|Loading\|^\s*$"

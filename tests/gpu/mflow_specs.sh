@@ -9,11 +9,9 @@
 # bench: tests/gpu/bench_train.py on shards written by `mflow model` + `mflow convert` (BENCH_VARIANTS)
 # Results: run records and logs under $OUT.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 CI=true
-OUT=${OUT:-/tmp/mflow-gpu-out}; mkdir -p "$OUT"
+source tests/gpu/env.sh
+export CI=true MFLOW_PYTHON=python3
 W=${W:-/tmp/mflow-gpu-work}; mkdir -p "$W"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site MFLOW_PYTHON=python3
 MFLOW=${MFLOW:-mflow}
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }

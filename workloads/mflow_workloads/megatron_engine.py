@@ -12,6 +12,7 @@ dist_checkpointing.save spawns helper processes, so the entry module must keep i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -57,14 +58,9 @@ def sdpa_core_attention(knobs: set = frozenset()):
             if expand and q.size(1) != k.size(1):
                 rep = q.size(1) // k.size(1)
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            def attend():
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
-                                                      enable_gqa=q.size(1) != k.size(1))
-            if cudnn:
-                with sdpa_kernel(backends, set_priority=True):
-                    out = attend()
-            else:
-                out = attend()
+            with sdpa_kernel(backends, set_priority=True) if cudnn else contextlib.nullcontext():
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
+                                                     enable_gqa=q.size(1) != k.size(1))
             s, b = query.size(0), query.size(1)
             return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
