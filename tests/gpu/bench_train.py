@@ -3,7 +3,9 @@ one variant after another in one process (baseline first: the GPU probe's config
 
 python -m torch.distributed.run --nproc-per-node=TP tests/gpu/bench_train.py SHARDS OUT.jsonl [variants]
 A variant is '+'-joined knobs: base, fused_adam, swiglu_fusion, ce_fusion, cudnn_attn,
-cudnn_attn_expand, compile_rope, and mbsN (micro-batch N instead of 4).
+cudnn_attn_expand, compile_rope, compile_norm, seq_parallel, mbsN (micro-batch N instead of 4) and accN
+(N micro-batches per step, gradient accumulation; one by default). BENCH_PROFILE=1 profiles two steps of
+each variant after the timed ones and prints where the GPU time goes.
 """
 
 import json
@@ -27,7 +29,9 @@ SEQ, MBS, STEPS, WARMUP = 4096, 4, 10, 3
 
 def run_variant(ps, shards, knobs):
     mbs = next((int(k[3:]) for k in knobs if k.startswith("mbs")), MBS)
-    knobs = {k for k in knobs if not k.startswith("mbs")}
+    acc = next((int(k[3:]) for k in knobs if k.startswith("acc")), 1)
+    shape = {k for k in knobs if k.startswith(("mbs", "acc"))}
+    knobs = knobs - shape
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -58,25 +62,31 @@ def run_variant(ps, shards, knobs):
     it = data()
     times, losses = [], []
     torch.cuda.reset_peak_memory_stats()
+    def step():
+        ddp.zero_grad_buffer()
+        opt.zero_grad()
+        out = fb(forward_step_func=ME.forward_step, data_iterator=it, model=[ddp], num_microbatches=acc,
+                 seq_length=SEQ, micro_batch_size=mbs, decoder_seq_length=SEQ, forward_only=False)
+        opt.step()
+        return out
+
     for i in range(STEPS):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        ddp.zero_grad_buffer()
-        opt.zero_grad()
-        out = fb(forward_step_func=ME.forward_step, data_iterator=it, model=[ddp], num_microbatches=1,
-                 seq_length=SEQ, micro_batch_size=mbs, decoder_seq_length=SEQ, forward_only=False)
-        opt.step()
+        out = step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(float(out[0]["lm loss"]))
+    if os.environ.get("BENCH_PROFILE") == "1":
+        profile(step)
     dt = statistics.median(times[WARMUP:])
     world = dist.get_world_size()
-    tokens = mbs * SEQ * (world // tp)
-    f019 = flops_per_batch(spec, mbs * (world // tp), SEQ, spec.padded_vocab_for(tp))
+    tokens = mbs * acc * SEQ * (world // tp)
+    f019 = flops_per_batch(spec, mbs * acc * (world // tp), SEQ, spec.padded_vocab_for(tp))
     n_local = sum(p.numel() for p in model.parameters())
     n_untied = n_local * tp + (spec.padded_vocab_for(tp) * spec.hidden_size if spec.share_embeddings_and_output_weights else 0)
     f_probe = (6 * n_untied + 12 * spec.num_layers * spec.hidden_size * SEQ) * tokens
-    res = {"variant": "+".join(sorted(knobs) + ([f"mbs{mbs}"] if mbs != MBS else [])) or "base", "tp": tp, "gpus": world, "step_s": round(dt, 4),
+    res = {"variant": "+".join(sorted(knobs) + sorted(shape)) or "base", "tp": tp, "gpus": world, "step_s": round(dt, 4),
            "step_s_spread": round(max(times[WARMUP:]) - min(times[WARMUP:]), 4),
            "tokens_per_s": round(tokens / dt), "tflops_per_gpu_mcore019": round(f019 / dt / 1e12 / world, 1),
            "tflops_per_gpu_probe_formula": round(f_probe / dt / 1e12 / world, 1),
@@ -85,6 +95,38 @@ def run_variant(ps, shards, knobs):
     del ddp, opt, model
     torch.cuda.empty_cache()
     return res
+
+
+def profile(step, steps=2):
+    """Share of GPU kernel time per kind, and the top kernels, over `steps` steps (rank 0 prints)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / steps
+    if dist.get_rank() != 0:
+        return
+    kinds = {"gemm": ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas"), "nccl": ("nccl",),
+             "attention": ("flash", "fmha", "cudnn", "attn")}
+    totals, rows = {}, []
+    for e in prof.key_averages():
+        us = e.device_time_total
+        if us <= 0:
+            continue
+        name = e.key.lower()
+        kind = next((k for k, pats in kinds.items() if any(p in name for p in pats)), "other")
+        totals[kind] = totals.get(kind, 0) + us
+        rows.append((us, e.count, kind, e.key[:110]))
+    busy = sum(totals.values())
+    print(f"PROFILE step {wall * 1e3:.1f} ms (under the profiler), kernel time {busy / steps / 1e3:.1f} ms per step: "
+          + ", ".join(f"{k} {v / busy:.1%}" for k, v in sorted(totals.items(), key=lambda kv: -kv[1])), flush=True)
+    for us, n, kind, name in sorted(rows, reverse=True)[:35]:
+        print(f"PROFILE {us / steps / 1e3:8.2f} ms/step {n // steps:5d}x {kind:9s} {name}", flush=True)
 
 
 def main():

@@ -44,9 +44,9 @@ for what in "$@"; do
         for tp in 1 2; do [ -d "$W/tp$tp" ] || "$MFLOW" convert "$W/hf" "$W/tp$tp" --tp $tp > /dev/null || exit 1; done
         stamp "bench: tp2"
         V=${BENCH_VARIANTS:-ce_fusion+fused_adam+swiglu_fusion}
-        python3 -m torch.distributed.run --nproc-per-node=2 tests/gpu/bench_train.py "$W/tp2" "$OUT/bench.jsonl" "$V" 2>&1 | grep -E "^BENCH|Error" | cut -c1-600
+        python3 -m torch.distributed.run --nproc-per-node=2 tests/gpu/bench_train.py "$W/tp2" "$OUT/bench.jsonl" "$V" 2>&1 | grep -E "^BENCH|^PROFILE|Error" | cut -c1-600
         stamp "bench: tp1"
-        python3 -m torch.distributed.run --nproc-per-node=1 tests/gpu/bench_train.py "$W/tp1" "$OUT/bench.jsonl" "${BENCH_VARIANTS_TP1:-$V}" 2>&1 | grep -E "^BENCH|Error" | cut -c1-600
+        python3 -m torch.distributed.run --nproc-per-node=1 tests/gpu/bench_train.py "$W/tp1" "$OUT/bench.jsonl" "${BENCH_VARIANTS_TP1:-$V}" 2>&1 | grep -E "^BENCH|^PROFILE|Error" | cut -c1-600
         stamp "bench: done" ;;
     *) echo "unknown part $what" >&2; exit 2 ;;
     esac

@@ -75,7 +75,43 @@ def _compile_rope() -> None:
         rope_utils._mflow_compiled = True
 
 
+def _norm_class(knobs: set):
+    """Megatron's WrappedTorchNorm without its refusal of sequence parallelism.
+
+    With sequence parallelism each TP rank normalises its slice of the sequence; the weights are
+    marked so that Megatron's finalize_model_grads sums their gradients over the TP group.
+    `compile_norm` compiles the norm (forward and backward each one fused kernel)."""
+    def rms(x, w, b, eps):
+        return F.rms_norm(x, (x.size(-1),), w, eps)
+
+    def layer(x, w, b, eps):
+        return F.layer_norm(x, (x.size(-1),), w, b, eps)
+
+    fns = {"RMSNorm": rms, "LayerNorm": layer}
+    if "compile_norm" in knobs:
+        fns = {k: torch.compile(f, dynamic=False) for k, f in fns.items()}
+
+    class Norm(torch.nn.Module):
+        def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_):
+            super().__init__()
+            if config.normalization not in fns:
+                raise ConfigError(f"normalization {config.normalization!r} is not supported",
+                                  f"use one of {', '.join(fns)}")
+            self.fn, self.eps = fns[config.normalization], eps
+            self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+            self.bias = torch.nn.Parameter(torch.zeros(hidden_size)) if config.normalization == "LayerNorm" else None
+            for p in self.parameters():
+                p.sequence_parallel = config.sequence_parallel
+
+        def forward(self, x):
+            return self.fn(x, self.weight, self.bias, self.eps)
+
+    return Norm
+
+
 def transformer_config(spec: S.ModelSpec, tp: int, pp: int, precision: str, knobs: set = frozenset()):
+    """`seq_parallel` in knobs turns on Megatron's sequence parallelism when tp > 1 (the caller
+    checks that the sequence length divides by tp)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -89,7 +125,7 @@ def transformer_config(spec: S.ModelSpec, tp: int, pp: int, precision: str, knob
         gated_linear_unit=spec.gated_linear_unit, activation_func=act, normalization=spec.normalization,
         layernorm_epsilon=spec.layernorm_epsilon, add_bias_linear=spec.add_bias_linear, add_qkv_bias=spec.add_qkv_bias,
         hidden_dropout=0.0, attention_dropout=0.0, bf16=precision == "bf16", params_dtype=dtype, pipeline_dtype=dtype,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel="seq_parallel" in knobs and tp > 1,
         persist_layer_norm=False, masked_softmax_fusion=False, apply_rope_fusion=False,
         gradient_accumulation_fusion=False, bias_activation_fusion="swiglu_fusion" in knobs and spec.gated_linear_unit,
         bias_dropout_fusion=False, cross_entropy_loss_fusion="ce_fusion" in knobs,
@@ -100,14 +136,21 @@ def build_model(spec: S.ModelSpec, config, tp: int, seq_length: int, attention: 
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     layer_spec = get_gpt_layer_local_spec(normalization=spec.normalization)
+    norm = _norm_class(knobs)
+    for name in ("input_layernorm", "pre_mlp_layernorm"):
+        if getattr(layer_spec.submodules, name) is WrappedTorchNorm:
+            setattr(layer_spec.submodules, name, norm)
     if attention == "sdpa":
         layer_spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention(knobs)
     if "compile_rope" in knobs:
         _compile_rope()
+    block_spec = TransformerBlockSubmodules(layer_specs=[layer_spec] * get_num_layers_to_build(config), layer_norm=norm)
     model = GPTModel(
-        config=config, transformer_layer_spec=layer_spec, vocab_size=spec.padded_vocab_for(tp),
+        config=config, transformer_layer_spec=block_spec, vocab_size=spec.padded_vocab_for(tp),
         max_sequence_length=max(seq_length, spec.max_position_embeddings),
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
         parallel_output=True, share_embeddings_and_output_weights=spec.share_embeddings_and_output_weights,
@@ -341,14 +384,16 @@ def train(cfg: TrainConfig) -> dict:
         raise ConfigError(f"shards {cfg.shards}: uneven layers_per_stage {manifest['layers_per_stage']}",
                           "use a pp that divides num_layers")
     meta = D.read_dataset_json(cfg.data)
-    if "fused_adam" in KNOBS:
+    # Sequence parallelism splits the sequence over the TP ranks.
+    knobs = KNOBS if cfg.seq_length % cfg.tp == 0 else KNOBS - {"seq_parallel"}
+    if "fused_adam" in knobs:
         _enable_fused_adamw()
 
-    config = transformer_config(spec, cfg.tp, cfg.pp, cfg.precision, KNOBS)
-    model = build_model(spec, config, cfg.tp, cfg.seq_length, cfg.attention, KNOBS)
+    config = transformer_config(spec, cfg.tp, cfg.pp, cfg.precision, knobs)
+    model = build_model(spec, config, cfg.tp, cfg.seq_length, cfg.attention, knobs)
     load_shard(model, cfg.shards, manifest, tp_rank, pp_rank)
     ddp = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(
-        grad_reduce_in_fp32="bf16_grads" not in KNOBS, overlap_grad_reduce=False, use_distributed_optimizer=False),
+        grad_reduce_in_fp32="bf16_grads" not in knobs, overlap_grad_reduce=False, use_distributed_optimizer=False),
         module=model)
     opt = get_megatron_optimizer(OptimizerConfig(
         optimizer="adam", lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1,
@@ -465,7 +510,7 @@ def train(cfg: TrainConfig) -> dict:
                "tokens": cfg.iterations * cfg.global_batch_size * cfg.seq_length, "time_s": train_time,
                "resumed_from": resumed_from, "resume_load_s": resume_s, "checkpoint_save_s": save_times,
                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp,
-               "knobs": sorted(KNOBS)}
+               "knobs": sorted(knobs)}
     if is_main:
         S.finalize_shards(cfg.output, cfg.shards, manifest)
         with open(os.path.join(cfg.output, "train_summary.json"), "w", encoding="utf-8") as f:
