@@ -477,12 +477,18 @@ fn print_logs(dir: &Path, attempts: usize, follow: bool, workdir: &Path, id: &st
     if attempts > 1 {
         println!("--- attempt {attempts} ---");
     }
-    let mut f = std::fs::File::open(&p).map_err(|e| Error::io(&p, e))?;
     let mut pos = 0u64;
     loop {
         let mut buf = Vec::new();
-        f.seek(SeekFrom::Start(pos)).map_err(|e| Error::io(&p, e))?;
-        f.read_to_end(&mut buf).map_err(|e| Error::io(&p, e))?;
+        match std::fs::File::open(&p) {
+            Ok(mut f) => {
+                f.seek(SeekFrom::Start(pos)).map_err(|e| Error::io(&p, e))?;
+                f.read_to_end(&mut buf).map_err(|e| Error::io(&p, e))?;
+            }
+            // A stage that has printed nothing has no log file yet.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&p, e)),
+        }
         pos += buf.len() as u64;
         std::io::stdout().write_all(&buf).ok();
         std::io::stdout().flush().ok();

@@ -195,6 +195,9 @@ impl Kubernetes {
     }
 
     pub async fn run(self: &Arc<Self>, job: &Job, lines: mpsc::UnboundedSender<Line>, cancel: watch::Receiver<Cancel>) -> Outcome {
+        if let Some(dir) = job.log.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
         let log = match std::fs::File::create(&job.log) {
             Ok(f) => f,
             Err(e) => return Outcome::Failed { class: FailureClass::Infra, message: format!("cannot create log {}: {e}", job.log.display()) },

@@ -20,10 +20,7 @@ pub fn grace() -> Duration {
 }
 
 pub async fn run(job: &Job, lines: mpsc::UnboundedSender<Line>, mut cancel: watch::Receiver<Cancel>) -> Outcome {
-    let log = match File::create(&job.log) {
-        Ok(f) => Arc::new(Mutex::new(f)),
-        Err(e) => return Outcome::Failed { class: FailureClass::Infra, message: format!("cannot create log {}: {e}", job.log.display()) },
-    };
+    let log = Arc::new(Mutex::new(Log { path: job.log.clone(), file: None }));
     for argv in &job.steps {
         let outcome = run_step(job, argv, &log, &lines, &mut cancel).await;
         if outcome != Outcome::Success {
@@ -36,7 +33,7 @@ pub async fn run(job: &Job, lines: mpsc::UnboundedSender<Line>, mut cancel: watc
 async fn run_step(
     job: &Job,
     argv: &[String],
-    log: &Arc<Mutex<File>>,
+    log: &Arc<Mutex<Log>>,
     lines: &mpsc::UnboundedSender<Line>,
     cancel: &mut watch::Receiver<Cancel>,
 ) -> Outcome {
@@ -46,8 +43,9 @@ async fn run_step(
     let Some((program, args)) = argv.split_first() else {
         return Outcome::Failed { class: FailureClass::User, message: "empty command".into() };
     };
-    let mut cmd = Command::new(program);
-    cmd.args(args)
+    let mut cmd = Command::new(find_program(program, job.env.get("PATH")));
+    cmd.arg0(program)
+        .args(args)
         .envs(&job.env)
         .current_dir(&job.cwd)
         .stdin(Stdio::null())
@@ -129,6 +127,36 @@ async fn run_step(
     classify(job, program, status)
 }
 
+/// `program` as found on the PATH the child gets, looked up once per run: spawning by name
+/// tries every PATH entry before the right one, a failed exec each, for every stage. A name not
+/// found stays as it is, so that spawning reports the error.
+fn find_program(program: &str, path: Option<&String>) -> std::path::PathBuf {
+    use std::collections::HashMap;
+    use std::os::unix::fs::PermissionsExt;
+    type Found = HashMap<(String, Option<String>), std::path::PathBuf>;
+    static FOUND: Mutex<Option<Found>> = Mutex::new(None);
+    if program.contains('/') {
+        return program.into();
+    }
+    let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+    let entry = found.get_or_insert_with(HashMap::new).entry((program.to_string(), path.cloned()));
+    entry
+        .or_insert_with(|| {
+            let path = path.cloned().or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
+            for dir in std::env::split_paths(&path) {
+                if !dir.is_absolute() {
+                    break; // relative to the child's directory: the child's own search decides
+                }
+                let p = dir.join(program);
+                if std::fs::metadata(&p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0) {
+                    return p;
+                }
+            }
+            program.into()
+        })
+        .clone()
+}
+
 /// The class a failed process gets: the stage's own word in its status file first, then the
 /// way it ended.
 fn classify(job: &Job, program: &str, status: std::process::ExitStatus) -> Outcome {
@@ -172,7 +200,31 @@ fn signal_group(pgid: Option<i32>, sig: i32) {
     }
 }
 
-async fn pump<R: AsyncRead + Unpin>(r: R, stage: String, log: Arc<Mutex<File>>, lines: mpsc::UnboundedSender<Line>) {
+/// The attempt's log, created with its directory at the first line: a stage that prints nothing
+/// costs no files.
+pub struct Log {
+    path: std::path::PathBuf,
+    file: Option<File>,
+}
+
+impl Log {
+    fn write(&mut self, line: &[u8]) {
+        if self.file.is_none() {
+            if let Some(dir) = self.path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            self.file = File::create(&self.path).ok();
+        }
+        if let Some(f) = &mut self.file {
+            let _ = f.write_all(line);
+            if !line.ends_with(b"\n") {
+                let _ = f.write_all(b"\n");
+            }
+        }
+    }
+}
+
+async fn pump<R: AsyncRead + Unpin>(r: R, stage: String, log: Arc<Mutex<Log>>, lines: mpsc::UnboundedSender<Line>) {
     let mut reader = BufReader::new(r);
     let mut buf = Vec::new();
     loop {
@@ -181,10 +233,7 @@ async fn pump<R: AsyncRead + Unpin>(r: R, stage: String, log: Arc<Mutex<File>>, 
             Ok(0) | Err(_) => break,
             Ok(_) => {
                 if let Ok(mut f) = log.lock() {
-                    let _ = f.write_all(&buf);
-                    if !buf.ends_with(b"\n") {
-                        let _ = f.write_all(b"\n");
-                    }
+                    f.write(&buf);
                 }
                 let text = String::from_utf8_lossy(&buf).trim_end_matches(['\n', '\r']).to_string();
                 let _ = lines.send(Line { stage: stage.clone(), text });

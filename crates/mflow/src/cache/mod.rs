@@ -69,7 +69,9 @@ pub struct Store {
     checked: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Manifest>>>,
 }
 
-/// Held while a key is being computed, so two runs never compute the same key at once.
+/// Held while a key is being computed, so two runs never compute the same key at once: an OFD
+/// lock on one byte of `cache/.lock` chosen by the key, so that locking creates no file per key.
+/// Each lock has its own open file, so two tasks of one process exclude each other too.
 pub struct KeyLock {
     _file: File,
 }
@@ -77,9 +79,11 @@ pub struct KeyLock {
 impl Store {
     pub fn open(workdir: &Path) -> Result<Store, CacheError> {
         let root = workdir.join("cache");
-        for d in [root.join(".staging"), root.join(".locks"), root.join(".trash")] {
+        for d in [root.join(".staging"), root.join(".trash")] {
             fs::create_dir_all(&d).map_err(io_err(&d))?;
         }
+        let lock = root.join(".lock");
+        fs::OpenOptions::new().create(true).append(true).open(&lock).map_err(io_err(&lock))?;
         Ok(Store { root, checked: Default::default() })
     }
 
@@ -102,15 +106,13 @@ impl Store {
                 return Lookup::Hit(m.clone());
             }
         }
-        let dir = self.entry_dir(key);
-        if !dir.exists() {
-            return Lookup::Miss;
-        }
         match self.check(key, verify) {
             Ok(m) => {
                 self.checked.lock().unwrap().insert(key.to_string(), m.clone());
                 Lookup::Hit(m)
             }
+            // No entry at all is a plain miss; checked after the fact, as hits are the common case.
+            Err(_) if !self.entry_dir(key).exists() => Lookup::Miss,
             Err(reason) => {
                 let _ = self.remove(key);
                 Lookup::Corrupt(reason)
@@ -198,20 +200,35 @@ impl Store {
 
     /// Blocks until this process holds the key's lock.
     pub fn lock(&self, key: &str) -> Result<KeyLock, CacheError> {
-        let path = self.root.join(".locks").join(format!("{key}.lock"));
-        let file = File::create(&path).map_err(io_err(&path))?;
-        file.lock().map_err(io_err(&path))?;
-        Ok(KeyLock { _file: file })
+        self.lock_with(key, libc::F_OFD_SETLKW).map(|l| l.expect("a blocking lock is taken"))
     }
 
     /// Takes the key's lock if it is free.
     pub fn try_lock(&self, key: &str) -> Result<Option<KeyLock>, CacheError> {
-        let path = self.root.join(".locks").join(format!("{key}.lock"));
-        let file = File::create(&path).map_err(io_err(&path))?;
-        match file.try_lock() {
-            Ok(()) => Ok(Some(KeyLock { _file: file })),
-            Err(fs::TryLockError::WouldBlock) => Ok(None),
-            Err(fs::TryLockError::Error(e)) => Err(CacheError::Io { path, source: e }),
+        self.lock_with(key, libc::F_OFD_SETLK)
+    }
+
+    fn lock_with(&self, key: &str, cmd: libc::c_int) -> Result<Option<KeyLock>, CacheError> {
+        use std::os::fd::AsRawFd;
+        let path = self.root.join(".lock");
+        let file = fs::OpenOptions::new().read(true).write(true).open(&path).map_err(io_err(&path))?;
+        // SAFETY: an all-zero flock is a valid value; the fields that matter are set below.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as _;
+        fl.l_whence = libc::SEEK_SET as _;
+        fl.l_start = lock_offset(key);
+        fl.l_len = 1;
+        loop {
+            // SAFETY: fcntl with an OFD lock command reads the flock we own; the fd is open.
+            if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &fl) } == 0 {
+                return Ok(Some(KeyLock { _file: file }));
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN | libc::EACCES) if cmd == libc::F_OFD_SETLK => return Ok(None),
+                _ => return Err(CacheError::Io { path, source: e }),
+            }
         }
     }
 
@@ -232,6 +249,13 @@ impl Store {
     pub fn size(&self, key: &str) -> u64 {
         self.manifest(key).map(|m| m.bytes()).unwrap_or(0)
     }
+}
+
+/// The byte of `cache/.lock` that stands for `key`: 62 bits of its hash, so that two keys share
+/// a byte (and wait for each other) with negligible probability.
+fn lock_offset(key: &str) -> libc::off_t {
+    let h = blake3::hash(key.as_bytes());
+    (u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes")) >> 2) as libc::off_t
 }
 
 /// Joins a manifest's relative path under `base`, refusing anything that could escape it.
@@ -334,5 +358,6 @@ mod tests {
         assert!(store.try_lock("k").unwrap().is_none());
         drop(held);
         assert!(store.try_lock("k").unwrap().is_some());
+        let _other = store.try_lock("other").unwrap().expect("another key is not blocked");
     }
 }

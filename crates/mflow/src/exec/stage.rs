@@ -48,10 +48,11 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
             return StageEnd::Done { digest: m.digest, output, cached: true };
         }
     }
+    // Created only when something is written there (a log line, a kind's config, the files the
+    // stage reports through): new inodes are the largest cost of a small stage.
     let stage_dir = sh.run_dir.join("stages").join(&name);
-    let _ = std::fs::create_dir_all(&stage_dir);
+    // The stage creates its scratch directory when it needs one.
     let scratch = scratch_dir(&workdir, &key);
-    let _ = std::fs::create_dir_all(&scratch);
     let started = Instant::now();
     sh.update(&name, |r| {
         r.status = StageStatus::Running;
@@ -95,14 +96,16 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
             let _ = std::fs::remove_dir(&out);
         }
         let log = stage_dir.join(format!("attempt-{attempt}.log"));
-        let status_file = stage_dir.join(format!("attempt-{attempt}.status.json"));
-        let progress_file = stage_dir.join(format!("attempt-{attempt}.progress.jsonl"));
+        // The files a stage may write about itself go in its staging directory, which exists
+        // already, and move to the run record afterwards (`keep_reports`).
+        let status_file = staging.join(REPORTS[0]);
+        let progress_file = staging.join(REPORTS[1]);
         let mut env = plan.env.clone();
         env.extend(st.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.insert("MFLOW_OUTPUT".into(), out.display().to_string());
         env.insert("MFLOW_SCRATCH".into(), scratch.display().to_string());
         env.insert("MFLOW_PROGRESS".into(), progress_file.display().to_string());
-        env.insert("MFLOW_METRICS".into(), stage_dir.join("metrics.jsonl").display().to_string());
+        env.insert("MFLOW_METRICS".into(), staging.join(REPORTS[2]).display().to_string());
         env.insert("MFLOW_STATUS".into(), status_file.display().to_string());
         env.insert("MFLOW_ATTEMPT".into(), attempt.to_string());
         env.insert("MFLOW_STAGE".into(), name.clone());
@@ -133,9 +136,11 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
         let mut outcome = sh.backend.run(&job, sh.lines.clone(), sh.cancel.clone()).await;
         watcher.abort();
         let reported = read_json(&status_file);
+        keep_reports(&staging, &stage_dir, attempt);
         let after = reported.as_ref().and_then(|v| v.get("checkpoint_iteration")).and_then(Json::as_u64).or(before);
         let resumed_from = reported.as_ref().and_then(|v| v.get("resumed_from")).and_then(Json::as_u64);
         if let Some(a) = after {
+            let _ = std::fs::create_dir_all(&scratch);
             let _ = record::write_json(&scratch.join("progress.json"), &serde_json::json!({"checkpoint_iteration": a}));
         }
 
@@ -218,6 +223,31 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
                     }
                 }
             }
+        }
+    }
+}
+
+/// Status, progress and metrics files, as named in the staging directory.
+const REPORTS: [&str; 3] = ["status.json", "progress.jsonl", "metrics.jsonl"];
+
+/// Moves the files the stage wrote about itself from its staging directory to the run record:
+/// `attempt-N.status.json`, `attempt-N.progress.jsonl`, and `metrics.jsonl` (appended to across
+/// attempts).
+fn keep_reports(staging: &std::path::Path, stage_dir: &std::path::Path, attempt: u32) {
+    for (i, name) in REPORTS.iter().enumerate() {
+        let from = staging.join(name);
+        if !from.exists() {
+            continue;
+        }
+        let _ = std::fs::create_dir_all(stage_dir);
+        let to = if i == 2 { stage_dir.join(name) } else { stage_dir.join(format!("attempt-{attempt}.{name}")) };
+        if i == 2 && to.exists() {
+            let appended = std::fs::read(&from).and_then(|b| std::io::Write::write_all(&mut std::fs::OpenOptions::new().append(true).open(&to)?, &b));
+            if appended.is_ok() {
+                let _ = std::fs::remove_file(&from);
+            }
+        } else {
+            let _ = std::fs::rename(&from, &to);
         }
     }
 }

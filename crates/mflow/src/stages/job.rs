@@ -171,7 +171,7 @@ pub fn build_job(cx: &JobContext<'_>) -> Result<JobPlan, String> {
             }
             let world = world_size(cx.stage.kind, p.as_object().ok_or("parameters are not a table")?);
             let cfg_path = cx.attempt_dir.join(format!("{}-config-{}.json", cx.stage.kind.name(), cx.attempt));
-            std::fs::write(&cfg_path, serde_json::to_vec_pretty(&config).unwrap()).map_err(|e| format!("cannot write {}: {e}", cfg_path.display()))?;
+            write_config(&cfg_path, &config)?;
             let python = cx.env.python().map_err(|e| e.to_string())?.to_string_lossy().to_string();
             let port = free_port();
             env.insert("PET_NNODES".into(), "1".into());
@@ -192,7 +192,7 @@ pub fn build_job(cx: &JobContext<'_>) -> Result<JobPlan, String> {
                     "output": out,
                 });
                 let cfg_path = cx.attempt_dir.join(format!("verify-config-{}.json", cx.attempt));
-                std::fs::write(&cfg_path, serde_json::to_vec_pretty(&config).unwrap()).map_err(|e| format!("cannot write {}: {e}", cfg_path.display()))?;
+                write_config(&cfg_path, &config)?;
                 let python = cx.env.python().map_err(|e| e.to_string())?.to_string_lossy().to_string();
                 steps.push(vec![python, "-m".into(), "mflow_workloads.verify_export".into(), cfg_path.to_string_lossy().to_string()]);
             }
@@ -215,6 +215,15 @@ pub fn build_job(cx: &JobContext<'_>) -> Result<JobPlan, String> {
         env.insert("CUDA_VISIBLE_DEVICES".into(), String::new());
     }
     Ok(JobPlan { steps, env, cwd: cx.spec_dir.to_path_buf(), output_created_by_stage: native })
+}
+
+/// Writes a workload's config into the attempt directory, which is created on first use.
+fn write_config(path: &Path, config: &Json) -> Result<(), String> {
+    let write = || {
+        std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+        std::fs::write(path, serde_json::to_vec_pretty(config).expect("JSON serializes"))
+    };
+    write().map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 fn torchrun(python: &str, world: u64, port: u16, module: &str, config: &Path) -> Vec<String> {
