@@ -108,19 +108,41 @@ fn diff_json(what: &str, path: &str, old: &Json, new: &Json, out: &mut Vec<Strin
     }
 }
 
-/// JSON with object keys sorted at every level, no whitespace.
+/// JSON with object keys sorted at every level, no whitespace; written directly rather than
+/// through a sorted copy of the tree (this runs for every stage of every plan).
 pub fn canonical(v: &Json) -> String {
-    fn sort(v: &Json) -> Json {
+    fn write(v: &Json, out: &mut Vec<u8>) {
         match v {
             Json::Object(m) => {
-                let sorted: BTreeMap<&String, Json> = m.iter().map(|(k, v)| (k, sort(v))).collect();
-                Json::Object(sorted.into_iter().map(|(k, v)| (k.clone(), v)).collect())
+                let mut entries: Vec<(&String, &Json)> = m.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                out.push(b'{');
+                for (i, (k, v)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    serde_json::to_writer(&mut *out, k).expect("JSON serializes");
+                    out.push(b':');
+                    write(v, out);
+                }
+                out.push(b'}');
             }
-            Json::Array(a) => Json::Array(a.iter().map(sort).collect()),
-            other => other.clone(),
+            Json::Array(a) => {
+                out.push(b'[');
+                for (i, v) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write(v, out);
+                }
+                out.push(b']');
+            }
+            scalar => serde_json::to_writer(&mut *out, scalar).expect("JSON serializes"),
         }
     }
-    serde_json::to_string(&sort(v)).expect("JSON serializes")
+    let mut out = Vec::new();
+    write(v, &mut out);
+    String::from_utf8(out).expect("JSON is UTF-8")
 }
 
 #[cfg(test)]
@@ -152,6 +174,12 @@ mod tests {
         let mut c = parts();
         c.salt = "x".into();
         assert_ne!(a.key(), c.key());
+    }
+
+    #[test]
+    fn canonical_sorts_keys_at_every_level() {
+        let v = json!({"b": [{"y": "\"q\"", "x": 1.5}], "a": {"d": null, "c": true}});
+        assert_eq!(canonical(&v), r#"{"a":{"c":true,"d":null},"b":[{"x":1.5,"y":"\"q\""}]}"#);
     }
 
     #[test]

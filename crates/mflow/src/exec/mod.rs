@@ -106,7 +106,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
         let _ = std::fs::write(run_dir.join("overrides.txt"), opts.overrides.join("\n"));
     }
     let last = record::last_keys(&workdir);
-    let decisions = crate::plan::decide(&plan, &store, &last, &opts.force, false);
+    let mut decisions = crate::plan::decide(&plan, &store, &last, &opts.force, false);
     let _ = record::write_json(&run_dir.join("plan.json"), &decisions);
 
     let names: Vec<String> = plan.stages.iter().map(|s| s.spec.name.clone()).collect();
@@ -255,12 +255,22 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                 let key = match &missed[i] {
                     Some(key) => key.clone(),
                     None => {
-                        let digest_of = |d: usize| match &state[d] {
-                            Some(StageEnd::Done { digest, .. }) => Some(digest.clone()),
-                            _ => None,
+                        // Planning keyed every stage whose upstream was cached; that key holds
+                        // if the upstream outputs are the ones it assumed.
+                        let planned = |parts: &KeyParts| {
+                            st.deps.iter().all(|&d| matches!(&state[d], Some(StageEnd::Done { digest, .. }) if parts.upstream.get(&shared.plan.stages[d].spec.name) == Some(digest)))
                         };
-                        let parts = shared.plan.parts_with(i, &digest_of).expect("upstream done");
-                        let key = parts.key();
+                        let (key, parts) = match decisions[i].keyed.take() {
+                            Some((key, parts)) if planned(&parts) => (key, parts),
+                            _ => {
+                                let digest_of = |d: usize| match &state[d] {
+                                    Some(StageEnd::Done { digest, .. }) => Some(digest.clone()),
+                                    _ => None,
+                                };
+                                let parts = shared.plan.parts_with(i, &digest_of).expect("upstream done");
+                                (parts.key(), parts)
+                            }
+                        };
                         keys.insert(name.clone(), parts);
                         key
                     }
@@ -364,23 +374,22 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
     let code = crate::exit::for_run(&rec);
     rec.exit_code = Some(code.code());
     let _ = record::write_json(&run_dir.join("run.json"), &rec);
-    write_lock(&shared, &rec, &keys, &opts.overrides);
+    write_lock(&shared, &rec, keys, &opts.overrides);
     shared.display.lock().unwrap().finish();
     drop(shared);
     let _ = printer.await;
     Ok(RunOutcome { record: rec, run_dir })
 }
 
-fn write_lock(shared: &Shared, rec: &RunRecord, keys: &BTreeMap<String, KeyParts>, overrides: &[String]) {
+fn write_lock(shared: &Shared, rec: &RunRecord, keys: BTreeMap<String, KeyParts>, overrides: &[String]) {
     let spec = &shared.plan.spec;
     let stages = keys
-        .iter()
+        .into_iter()
         .map(|(name, parts)| {
-            let sr = rec.stages.get(name);
-            (
-                name.clone(),
-                record::LockedStage { kind: parts.kind.clone(), key: parts.key(), parts: parts.clone(), output_digest: sr.and_then(|s| s.output_digest.clone()) },
-            )
+            let sr = rec.stages.get(&name);
+            let key = sr.and_then(|s| s.key.clone()).unwrap_or_else(|| parts.key());
+            let locked = record::LockedStage { kind: parts.kind.clone(), key, parts, output_digest: sr.and_then(|s| s.output_digest.clone()) };
+            (name, locked)
         })
         .collect();
     let mut environment = BTreeMap::new();

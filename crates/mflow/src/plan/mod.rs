@@ -207,6 +207,9 @@ pub struct StageDecision {
     pub needs: Vec<String>,
     #[serde(flatten)]
     pub decision: Decision,
+    /// The key and its parts when known, so that running does not compute them again.
+    #[serde(skip)]
+    pub keyed: Option<(String, KeyParts)>,
 }
 
 /// Decides every stage without running anything.
@@ -215,6 +218,7 @@ pub fn decide(plan: &Plan, store: &Store, last: &BTreeMap<String, KeyParts>, for
     let mut out = Vec::new();
     for (i, s) in plan.stages.iter().enumerate() {
         let name = &s.spec.name;
+        let mut keyed = None;
         let decision = match plan.parts_with(i, &|d| digests[d].clone()) {
             None => {
                 let up = s.deps.iter().find(|&&d| digests[d].is_none()).map(|&d| plan.stages[d].spec.name.clone()).unwrap_or_default();
@@ -222,26 +226,28 @@ pub fn decide(plan: &Plan, store: &Store, last: &BTreeMap<String, KeyParts>, for
             }
             Some(parts) => {
                 let key = parts.key();
-                if force.iter().any(|f| f == name) {
-                    Decision::Run { key: Some(key), reason: "forced".into() }
+                let decision = if force.iter().any(|f| f == name) {
+                    Decision::Run { key: Some(key.clone()), reason: "forced".into() }
                 } else if !s.spec.cache {
-                    Decision::Run { key: Some(key), reason: "cache = false".into() }
+                    Decision::Run { key: Some(key.clone()), reason: "cache = false".into() }
                 } else {
                     match store.lookup(&key, verify) {
                         Lookup::Hit(m) => {
                             digests[i] = Some(m.digest);
-                            Decision::Cached { key }
+                            Decision::Cached { key: key.clone() }
                         }
-                        Lookup::Corrupt(why) => Decision::Run { key: Some(key), reason: format!("cache entry was corrupt ({why})") },
+                        Lookup::Corrupt(why) => Decision::Run { key: Some(key.clone()), reason: format!("cache entry was corrupt ({why})") },
                         Lookup::Miss => match crate::exec::resume_point(&plan.spec.workdir(), &key) {
-                            Some(iteration) => Decision::Resume { key, iteration },
-                            None => Decision::Run { reason: reason(last.get(name), &parts), key: Some(key) },
+                            Some(iteration) => Decision::Resume { key: key.clone(), iteration },
+                            None => Decision::Run { reason: reason(last.get(name), &parts), key: Some(key.clone()) },
                         },
                     }
-                }
+                };
+                keyed = Some((key, parts));
+                decision
             }
         };
-        out.push(StageDecision { stage: name.clone(), kind: s.spec.kind.name().into(), needs: s.spec.needs.clone(), decision });
+        out.push(StageDecision { stage: name.clone(), kind: s.spec.kind.name().into(), needs: s.spec.needs.clone(), decision, keyed });
     }
     out
 }

@@ -11,14 +11,20 @@ pub enum Piece {
 /// Splits `s` into pieces. `$${` is a literal `${`. Returns the malformed reference on error.
 pub fn pieces(s: &str) -> Result<Vec<Piece>, String> {
     let mut out = Vec::new();
+    if !has_refs(s) {
+        if !s.is_empty() {
+            out.push(Piece::Text(s.to_string()));
+        }
+        return Ok(out);
+    }
     let mut text = String::new();
     let mut rest = s;
     while let Some(i) = rest.find('$') {
         text.push_str(&rest[..i]);
         let after = &rest[i..];
-        if after.starts_with("$${") {
+        if let Some(tail) = after.strip_prefix("$${") {
             text.push_str("${");
-            rest = &after[3..];
+            rest = tail;
         } else if after.starts_with("${") {
             let end = after.find('}').ok_or_else(|| after.to_string())?;
             let inner = &after[2..end];
@@ -40,6 +46,11 @@ pub fn pieces(s: &str) -> Result<Vec<Piece>, String> {
     Ok(out)
 }
 
+/// Whether `s` may hold a reference: most strings do not, and skip the parse.
+pub fn has_refs(s: &str) -> bool {
+    s.contains("${")
+}
+
 fn parse_ref(inner: &str) -> Option<Piece> {
     let parts: Vec<&str> = inner.split('.').collect();
     let ident = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
@@ -53,7 +64,7 @@ fn parse_ref(inner: &str) -> Option<Piece> {
 /// Stage names referenced by `${stages.X.output}` anywhere in a JSON value.
 pub fn stage_refs(v: &serde_json::Value, out: &mut Vec<String>) {
     match v {
-        serde_json::Value::String(s) => {
+        serde_json::Value::String(s) if has_refs(s) => {
             if let Ok(ps) = pieces(s) {
                 for p in ps {
                     if let Piece::StageOutput(n) = p {
@@ -72,7 +83,7 @@ pub fn stage_refs(v: &serde_json::Value, out: &mut Vec<String>) {
 pub fn substitute_outputs(v: &serde_json::Value, resolve: &dyn Fn(&str) -> String) -> serde_json::Value {
     use serde_json::Value as J;
     match v {
-        J::String(s) => match pieces(s) {
+        J::String(s) if has_refs(s) => match pieces(s) {
             Ok(ps) => J::String(
                 ps.into_iter()
                     .map(|p| match p {

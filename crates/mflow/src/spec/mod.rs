@@ -189,15 +189,17 @@ pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, Spec
     let notify = root.get("notify").map(|n| check_table(&src, n, fields::NOTIFY, "[notify]", &mut errors));
 
     // [stages.*]
-    let stages_node = root.get("stages").cloned();
-    let stage_entries: Vec<(tree::Key, Node)> = match &stages_node {
-        Some(n) => match &n.value {
-            Val::Table(t) => t.clone(),
-            _ => {
-                errors.push(invalid(&src, n, "stages", "must be a table", "write one `[stages.NAME]` table per stage"));
-                Vec::new()
-            }
-        },
+    // Taken out of the tree, not copied: it is most of the spec.
+    let stages_node = match &mut root.value {
+        Val::Table(t) => t.iter().position(|(k, _)| k.name == "stages").map(|i| t.remove(i).1),
+        _ => None,
+    };
+    let stage_entries: Vec<(tree::Key, Node)> = match stages_node {
+        Some(Node { value: Val::Table(t), .. }) => t,
+        Some(n) => {
+            errors.push(invalid(&src, &n, "stages", "must be a table", "write one `[stages.NAME]` table per stage"));
+            Vec::new()
+        }
         None => Vec::new(),
     };
     if stage_entries.is_empty() && errors.is_empty() {
@@ -210,12 +212,11 @@ pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, Spec
     let mut stages = Vec::new();
     // (from, to, span) for cycle reports
     let mut edges: Vec<(String, String, Option<std::ops::Range<usize>>)> = Vec::new();
-    for (key, node) in &stage_entries {
+    for (key, mut node) in stage_entries {
         if !valid_name(&key.name) {
             errors.push(SpecError::StageName { src: src.clone(), span: to_span(key.origin.span()), name: key.name.clone() });
             continue;
         }
-        let mut node = node.clone();
         let first_edge = edges.len();
         interpolate_vars(&src, &mut node, &var_nodes, &mut errors);
         collect_stage_refs(&src, &key.name, &node, &name_refs, &mut edges, &mut errors);
@@ -366,7 +367,7 @@ fn apply_override(root: &mut Node, arg: &str) -> Result<(), SpecError> {
 /// reference takes the variable's type; otherwise the variable is formatted into the text.
 fn interpolate_vars(src: &Src, node: &mut Node, vars: &BTreeMap<String, Node>, errors: &mut Vec<SpecError>) {
     match &mut node.value {
-        Val::Str(s) => {
+        Val::Str(s) if interp::has_refs(s) => {
             let ps = match pieces(s) {
                 Ok(ps) => ps,
                 Err(text) => {
@@ -426,7 +427,7 @@ fn collect_stage_refs(
     errors: &mut Vec<SpecError>,
 ) {
     match &node.value {
-        Val::Str(s) => {
+        Val::Str(s) if interp::has_refs(s) => {
             for p in pieces(s).unwrap_or_default() {
                 if let Piece::StageOutput(n) = p {
                     if names.contains(&n.as_str()) {
