@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use mflow_progress::Reporter;
+use rayon::prelude::*;
 use safetensors::Dtype;
 use serde_json::Value;
 
@@ -12,7 +13,7 @@ use crate::hf::{self, copy_tokenizer, dtype_name, INDEX};
 use crate::layout::{compose, hf_tensors, invert, rank_file_name, shard_plan, RankPlan, TensorPlan};
 use crate::shape::check_parallelism;
 use crate::shards::{self, FileEntry, GENERATION_CONFIG, HF_CONFIG, MANIFEST, TOKENIZER_DIR};
-use crate::writer::{non_empty, write_files, OutFile, Sources, Staging};
+use crate::writer::{non_empty, write_file, Sources, Staging};
 
 /// Hugging Face shards are cut once they pass this size, as transformers does by default.
 pub const HF_SHARD_BYTES: u64 = 5_000_000_000;
@@ -69,16 +70,14 @@ fn write_shards(
     let total: u64 = plan.iter().flat_map(|r| &r.tensors).map(|t| t.shape.iter().product::<u64>() * dtype.size() as u64).sum();
     let progress = Reporter::new("convert", Some(total), "bytes");
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
-    let names: Vec<String> = plan.iter().map(|rank| rank_file_name(rank.tp, rank.pp)).collect();
-    let outs: Vec<OutFile> =
-        plan.iter().zip(&names).map(|(rank, name)| OutFile { path: staging.dir.join(name), tensors: &rank.tensors }).collect();
-    let written = write_files(&outs, dtype, &meta, sources, &progress)?;
     let files: Vec<FileEntry> = plan
-        .iter()
-        .zip(names)
-        .zip(written)
-        .map(|((rank, path), (bytes, blake3))| FileEntry { tp: rank.tp, pp: rank.pp, path, bytes, blake3 })
-        .collect();
+        .par_iter()
+        .map(|rank| {
+            let name = rank_file_name(rank.tp, rank.pp);
+            let (bytes, blake3) = write_file(&staging.dir.join(&name), &rank.tensors, dtype, &meta, sources, &progress)?;
+            Ok(FileEntry { tp: rank.tp, pp: rank.pp, path: name, bytes, blake3 })
+        })
+        .collect::<Result<_, CkptError>>()?;
     let tok = staging.dir.join(TOKENIZER_DIR);
     std::fs::create_dir(&tok).map_err(io(&tok))?;
     copy_tokenizer(tokenizer_from, &tok)?;
@@ -125,8 +124,10 @@ pub fn export(src: &Path, dst: &Path) -> Result<(), CkptError> {
     let n = groups.len();
     let names: Vec<String> =
         (0..n).map(|i| if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", i + 1) }).collect();
-    let outs: Vec<OutFile> = groups.iter().zip(&names).map(|(g, name)| OutFile { path: staging.dir.join(name), tensors: g }).collect();
-    write_files(&outs, sh.dtype, &meta, &sh.sources, &progress)?;
+    groups
+        .par_iter()
+        .zip(&names)
+        .try_for_each(|(g, name)| write_file(&staging.dir.join(name), g, sh.dtype, &meta, &sh.sources, &progress).map(|_| ()))?;
     if n > 1 {
         let mut map = serde_json::Map::new();
         for (g, name) in groups.iter().zip(&names) {

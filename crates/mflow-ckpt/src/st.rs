@@ -180,43 +180,6 @@ impl StFile {
         Ok(StFile { path: path.to_path_buf(), file: f, mmap, header })
     }
 
-    /// Copies `len` bytes at `offset` of this file to `at` in `dst` inside the kernel
-    /// (`copy_file_range`: one copy, nothing passes through our memory), falling back to
-    /// positioned reads and writes through `buf` where the kernel cannot do it.
-    pub fn copy_to(&self, mut offset: u64, dst: &File, mut at: u64, mut len: u64, buf: &mut Vec<u8>) -> std::io::Result<()> {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::fs::FileExt;
-        while len > 0 {
-            let (mut off_in, mut off_out) = (offset as libc::loff_t, at as libc::loff_t);
-            let chunk = len.min(1 << 30) as usize;
-            // SAFETY: both descriptors are open for the duration of the call and the offsets are
-            // passed by pointer to locals; the kernel touches no memory of ours otherwise.
-            let n = unsafe { libc::copy_file_range(self.file.as_raw_fd(), &mut off_in, dst.as_raw_fd(), &mut off_out, chunk, 0) };
-            let n = match n {
-                n if n > 0 => n as u64,
-                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-                _ => {
-                    let e = std::io::Error::last_os_error();
-                    match e.raw_os_error() {
-                        Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL) => {
-                            buf.resize(chunk.min(1 << 20), 0);
-                            let n = buf.len().min(chunk);
-                            self.file.read_exact_at(&mut buf[..n], offset)?;
-                            dst.write_all_at(&buf[..n], at)?;
-                            n as u64
-                        }
-                        Some(libc::EINTR) => continue,
-                        _ => return Err(e),
-                    }
-                }
-            };
-            offset += n;
-            at += n;
-            len -= n;
-        }
-        Ok(())
-    }
-
     /// Reads `buf.len()` bytes at byte `offset` of the file (offsets as in [`TensorMeta`]).
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
@@ -230,16 +193,10 @@ impl StFile {
     /// Asks the kernel to start reading this range now, in large requests, instead of page by
     /// page as faults arrive (much faster on disks that do badly with small reads).
     pub fn prefetch(&self, meta: &TensorMeta) {
-        self.prefetch_range(meta.start as u64, (meta.end - meta.start) as u64);
-    }
-
-    /// [`StFile::prefetch`] for `len` bytes at byte `offset` of the file.
-    pub fn prefetch_range(&self, offset: u64, len: u64) {
         let page = 4096;
-        let start = (offset / page * page) as usize;
-        let end = ((offset + len) as usize).min(self.mmap.len());
-        if end > start {
-            let _ = self.mmap.advise_range(memmap2::Advice::WillNeed, start, end - start);
+        let start = meta.start / page * page;
+        if meta.end > start {
+            let _ = self.mmap.advise_range(memmap2::Advice::WillNeed, start, meta.end - start);
         }
     }
 

@@ -1,36 +1,26 @@
-//! Writes planned tensors from source safetensors files into safetensors files, spread over all
-//! threads, then hashes each file; and the staging directory that makes outputs all-or-nothing.
+//! Streams planned tensors from source safetensors files into safetensors files, a bounded step
+//! at a time, hashing as it writes; and the staging directory that makes outputs all-or-nothing.
 //!
-//! Every tensor's place in its file is known from the header, so the work is cut into items that
-//! write at fixed offsets in any order: tensors made of whole source rows (embeddings, fused QKV,
-//! fc1, norms: most of the bytes) are copied inside the kernel in slices of at most
-//! [`COPY_ITEM_BYTES`]; zero rows are left as holes of the pre-sized file; tensors that gather
-//! columns, transpose or change dtype are assembled a bounded step at a time. Each file is then
-//! hashed through a moving memory-map window, in parallel inside the window.
+//! Tensors made of whole source rows (embeddings, fused QKV, fc1, norms: most of the bytes) are
+//! copied with positioned reads into one small buffer that is hashed and written while it is still
+//! in the CPU cache. Tensors that gather columns, transpose or change dtype are assembled from the
+//! memory maps.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
-use memmap2::MmapOptions;
 use mflow_progress::Reporter;
-use rayon::prelude::*;
 use safetensors::Dtype;
 
 use crate::error::{io, CkptError};
 use crate::layout::{matrix, Piece, TensorPlan};
 use crate::st::{build_header, HeaderEntry, StFile, TensorMeta};
 
-/// Rows assembled per step of a gathered tensor: small enough to stay in cache.
+/// Bytes read, hashed and written per step: small enough to stay in cache between the three.
 const STEP_BYTES: usize = 1 << 20;
-/// The largest slice of a row run copied as one work item: big enough that the kernel copies in
-/// long runs, small enough that threads share the largest tensors evenly. Tiny in unit tests, so
-/// that their small tensors are split too.
-const COPY_ITEM_BYTES: u64 = if cfg!(test) { 16 } else { 32 << 20 };
-/// Bytes of an output file mapped at a time while hashing (bounds the resident set).
-const HASH_WINDOW: u64 = 64 << 20;
 
 /// Memory-mapped source files and the logical key of every tensor in them.
 #[derive(Default)]
@@ -47,10 +37,23 @@ impl Sources {
     }
 }
 
-/// One safetensors file to write: `tensors` in file order.
-pub struct OutFile<'a> {
-    pub path: PathBuf,
-    pub tensors: &'a [TensorPlan],
+/// The output file, its running digest and size.
+struct Out<'a> {
+    file: File,
+    path: &'a Path,
+    hasher: blake3::Hasher,
+    bytes: u64,
+    progress: &'a Reporter,
+}
+
+impl Out<'_> {
+    fn put(&mut self, data: &[u8]) -> Result<(), CkptError> {
+        self.file.write_all(data).map_err(io(self.path))?;
+        self.hasher.update(data);
+        self.progress.inc(data.len() as u64);
+        self.bytes += data.len() as u64;
+        Ok(())
+    }
 }
 
 /// A byte run of an output tensor: zeros, or a contiguous range of a source file.
@@ -59,53 +62,8 @@ enum Run<'a> {
     File { src: &'a StFile, offset: u64, len: u64 },
 }
 
-/// A piece of work that writes at a fixed offset of output file `out`.
-enum Item<'a> {
-    Copy { out: usize, at: u64, src: &'a StFile, offset: u64, len: u64 },
-    Gather { out: usize, at: u64, tensor: &'a TensorPlan },
-}
-
-/// Writes every file of `files` (their tensors converted to `dtype`, with `metadata` in each
-/// header). Returns each file's size and blake3 hex digest, in order.
-pub fn write_files(
-    files: &[OutFile],
-    dtype: Dtype,
-    metadata: &BTreeMap<String, String>,
-    sources: &Sources,
-    progress: &Reporter,
-) -> Result<Vec<(u64, String)>, CkptError> {
-    let mut outs = Vec::with_capacity(files.len());
-    let mut items = Vec::new();
-    for (i, f) in files.iter().enumerate() {
-        let entries: Vec<HeaderEntry> = f.tensors.iter().map(|t| HeaderEntry { name: &t.name, dtype, shape: &t.shape }).collect();
-        let (header, sizes) = build_header(&entries, metadata);
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&f.path).map_err(io(&f.path))?;
-        file.write_all_at(&header, 0).map_err(io(&f.path))?;
-        let mut at = header.len() as u64;
-        for (t, size) in f.tensors.iter().zip(sizes) {
-            plan_items(i, at, t, dtype, sources, &mut items);
-            at += size;
-        }
-        // Zero runs stay holes of this length and read back as zeros.
-        file.set_len(at).map_err(io(&f.path))?;
-        outs.push((file, at));
-    }
-    items.par_iter().try_for_each_init(Vec::new, |buf, item| -> Result<(), CkptError> {
-        match *item {
-            Item::Copy { out, at, src, offset, len } => {
-                src.prefetch_range(offset, len);
-                src.copy_to(offset, &outs[out].0, at, len, buf).map_err(io(&files[out].path))?;
-                progress.inc(len);
-            }
-            Item::Gather { out, at, tensor } => gather(tensor, dtype, sources, buf, &outs[out].0, at, &files[out].path, progress)?,
-        }
-        Ok(())
-    })?;
-    progress.inc(files.iter().flat_map(|f| f.tensors).map(|t| zero_bytes(t, dtype, sources)).sum());
-    outs.iter().zip(files).map(|((file, len), f)| Ok((*len, digest(file, *len).map_err(io(&f.path))?))).collect()
-}
-
-/// Writes one file; see [`write_files`].
+/// Writes one safetensors file holding `tensors` (in that order) converted to `dtype`.
+/// Returns the file's size and blake3 hex digest.
 pub fn write_file(
     path: &Path,
     tensors: &[TensorPlan],
@@ -114,50 +72,41 @@ pub fn write_file(
     sources: &Sources,
     progress: &Reporter,
 ) -> Result<(u64, String), CkptError> {
-    let file = OutFile { path: path.to_path_buf(), tensors };
-    Ok(write_files(std::slice::from_ref(&file), dtype, metadata, sources, progress)?.remove(0))
-}
-
-/// The work items of tensor `t`, which starts at byte `at` of output file `out`.
-fn plan_items<'a>(out: usize, mut at: u64, t: &'a TensorPlan, dtype: Dtype, sources: &'a Sources, items: &mut Vec<Item<'a>>) {
-    let Some(runs) = row_runs(t, dtype, sources) else {
-        items.push(Item::Gather { out, at, tensor: t });
-        return;
+    let entries: Vec<HeaderEntry> = tensors.iter().map(|t| HeaderEntry { name: &t.name, dtype, shape: &t.shape }).collect();
+    let (header, _) = build_header(&entries, metadata);
+    let file = File::create(path).map_err(io(path))?;
+    let mut out = Out { file, path, hasher: blake3::Hasher::new(), bytes: 0, progress };
+    out.put(&header)?;
+    // One buffer for the whole file; zero only where a gather leaves holes.
+    let mut buf = vec![0u8; STEP_BYTES];
+    let zeros = vec![0u8; STEP_BYTES];
+    let prefetch = |t: Option<&TensorPlan>| {
+        for p in t.map(|t| &t.pieces[..]).unwrap_or(&[]) {
+            if let Some((f, m)) = p.src.as_deref().and_then(|k| sources.get(k)) {
+                f.prefetch(m);
+            }
+        }
     };
-    for run in runs {
-        match run {
-            Run::Zeros(len) => at += len,
-            Run::File { src, mut offset, len } => {
-                let end = offset + len;
-                while offset < end {
-                    let n = (end - offset).min(COPY_ITEM_BYTES);
-                    items.push(Item::Copy { out, at, src, offset, len: n });
-                    (offset, at) = (offset + n, at + n);
+    prefetch(tensors.first());
+    for (i, t) in tensors.iter().enumerate() {
+        // Keep the disk busy with the next tensor while this one is written.
+        prefetch(tensors.get(i + 1));
+        match row_runs(t, dtype, sources) {
+            Some(runs) => {
+                for run in runs {
+                    copy_run(&run, &mut buf, &zeros, &mut out)?;
                 }
+            }
+            None => gather(t, dtype, sources, &mut buf, &mut out)?,
+        }
+        for p in &t.pieces {
+            if let Some((f, m)) = p.src.as_deref().and_then(|k| sources.get(k)) {
+                f.release(m);
             }
         }
     }
-}
-
-/// Bytes of `t` left as holes (zero runs of a row-run tensor), counted for progress.
-fn zero_bytes(t: &TensorPlan, dtype: Dtype, sources: &Sources) -> u64 {
-    row_runs(t, dtype, sources)
-        .map(|runs| runs.iter().map(|r| if let Run::Zeros(n) = r { *n } else { 0 }).sum())
-        .unwrap_or(0)
-}
-
-/// The blake3 digest of the first `len` bytes of `file`, mapped a window at a time.
-fn digest(file: &File, len: u64) -> std::io::Result<String> {
-    let mut hasher = blake3::Hasher::new();
-    let mut at = 0;
-    while at < len {
-        let n = (len - at).min(HASH_WINDOW);
-        // SAFETY: the file is ours, in a staging directory, and every write to it has finished.
-        let window = unsafe { MmapOptions::new().offset(at).len(n as usize).populate().map(file)? };
-        hasher.update_rayon(&window);
-        at += n;
-    }
-    Ok(hasher.finalize().to_hex().to_string())
+    out.file.flush().map_err(io(path))?;
+    Ok((out.bytes, out.hasher.finalize().to_hex().to_string()))
 }
 
 /// When `t` is made of whole rows of sources already in `dtype` (and zero rows), those runs in
@@ -189,23 +138,30 @@ fn row_runs<'a>(t: &TensorPlan, dtype: Dtype, sources: &'a Sources) -> Option<Ve
     (at == rows).then_some(runs)
 }
 
-/// Writes `t` at byte `at` of `file`, a block of rows at a time, assembling each block from the
-/// sources; then lets go of the source pages it mapped.
-#[allow(clippy::too_many_arguments)]
-fn gather(
-    t: &TensorPlan,
-    dtype: Dtype,
-    sources: &Sources,
-    buf: &mut Vec<u8>,
-    file: &File,
-    mut at: u64,
-    path: &Path,
-    progress: &Reporter,
-) -> Result<(), CkptError> {
-    let srcs: Vec<_> = t.pieces.iter().filter_map(|p| p.src.as_deref().and_then(|k| sources.get(k))).collect();
-    for (f, m) in &srcs {
-        f.prefetch(m);
+fn copy_run(run: &Run, buf: &mut [u8], zeros: &[u8], out: &mut Out) -> Result<(), CkptError> {
+    match *run {
+        Run::Zeros(mut left) => {
+            while left > 0 {
+                let n = left.min(zeros.len() as u64);
+                out.put(&zeros[..n as usize])?;
+                left -= n;
+            }
+        }
+        Run::File { src, mut offset, len } => {
+            let end = offset + len;
+            while offset < end {
+                let n = (end - offset).min(buf.len() as u64) as usize;
+                src.read_at(offset, &mut buf[..n]).map_err(io(&src.path))?;
+                out.put(&buf[..n])?;
+                offset += n as u64;
+            }
+        }
     }
+    Ok(())
+}
+
+/// Writes `t` a block of rows at a time, assembling each block from the memory maps.
+fn gather(t: &TensorPlan, dtype: Dtype, sources: &Sources, buf: &mut Vec<u8>, out: &mut Out) -> Result<(), CkptError> {
     let (rows, cols) = matrix(&t.shape);
     let row_bytes = cols * dtype.size() as u64;
     let step = (STEP_BYTES as u64 / row_bytes.max(1)).max(1);
@@ -222,13 +178,8 @@ fn gather(
             buf[..n].fill(0);
         }
         fill(&mut buf[..n], t, r, end, cols, dtype, sources)?;
-        file.write_all_at(&buf[..n], at).map_err(io(path))?;
-        progress.inc(n as u64);
-        at += n as u64;
+        out.put(&buf[..n])?;
         r = end;
-    }
-    for (f, m) in &srcs {
-        f.release(m);
     }
     Ok(())
 }
@@ -380,8 +331,8 @@ mod tests {
         Piece { src: src.map(String::from), src_row, src_col, dst_row, dst_col: 0, rows, cols, transpose }
     }
 
-    /// Whole-row runs (kernel copies, split into several items), zero rows (holes), column
-    /// slices (one read per row) and a transposed gather (memory map) land where the plan says.
+    /// Whole-row runs (positioned reads), zero rows, column slices (one read per row) and a
+    /// transposed gather (memory map) land where the plan says.
     #[test]
     fn every_copy_path_writes_the_planned_bytes() {
         let dir = tempfile::tempdir().unwrap();
