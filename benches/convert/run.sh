@@ -44,8 +44,10 @@ measure() {
   rss=$(grep "Maximum resident set size" "$WORK/time.txt" | awk '{print $NF}')
   # CPU seconds (user + system) are much less sensitive than wall time to others' load.
   CPU=$(awk -F': ' '/User time|System time/ {s += $2} END {printf "%.2f", s}' "$WORK/time.txt")
-  printf "| %-28s | %8.2f s | %6.2f s | %6.2f GB/s | %8.0f MB | %s | %s |\n" "$label" "$SECS" "$CPU" "$(echo "$bytes / $SECS / 1000000000" | bc -l)" "$(echo "$rss / 1024" | bc -l)" "$CACHE" "$load"
+  printf "| %-28s | %8.2f s | %6.2f s | %6.2f GB/s | %8.0f MB | %s | %s |\n" "$label" "$SECS" "$CPU" "$(calc "$bytes / $SECS / 1000000000")" "$(calc "$rss / 1024")" "$CACHE" "$load"
 }
+
+calc() { awk "BEGIN { printf \"%.4f\", $1 }"; }
 
 median() { printf "%s\n" "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
@@ -55,7 +57,7 @@ bench() {
   SRC=$WORK/$name-hf
   local bytes
   bytes=$(cat "$SRC"/*.safetensors | wc -c)
-  echo "## $name: $(echo "$bytes / 1000000000" | bc -l | cut -c1-5) GB of safetensors, $reps round(s)"
+  echo "## $name: $(calc "$bytes / 1000000000" | cut -c1-5) GB of safetensors, $reps round(s)"
   echo "| run | wall | CPU | throughput | peak RSS | page cache | load avg |"
   echo "|---|---|---|---|---|---|---|"
   local cps=() mfs=() pys=() cpc=() mfc=() pyc=() d1 d2=""
@@ -82,8 +84,8 @@ bench() {
   cp=$(median "${cps[@]}"); mf=$(median "${mfs[@]}")
   echo
   echo "medians: cp -r $cp s, mflow $mf s$([ ${#pys[@]} -gt 0 ] && echo ", python $(median "${pys[@]}") s")"
-  echo "mflow / cp -r = $(echo "$mf / $cp" | bc -l | cut -c1-4)x$([ ${#pys[@]} -gt 0 ] && echo "; python / mflow = $(echo "$(median "${pys[@]}") / $mf" | bc -l | cut -c1-4)x")"
-  echo "CPU medians: cp -r $(median "${cpc[@]}") s, mflow $(median "${mfc[@]}") s$([ ${#pyc[@]} -gt 0 ] && echo ", python $(median "${pyc[@]}") s; python / mflow = $(echo "$(median "${pyc[@]}") / $(median "${mfc[@]}")" | bc -l | cut -c1-4)x")"
+  echo "mflow / cp -r = $(calc "$mf / $cp" | cut -c1-4)x$([ ${#pys[@]} -gt 0 ] && echo "; python / mflow = $(calc "$(median "${pys[@]}") / $mf" | cut -c1-4)x")"
+  echo "CPU medians: cp -r $(median "${cpc[@]}") s, mflow $(median "${mfc[@]}") s$([ ${#pyc[@]} -gt 0 ] && echo ", python $(median "${pyc[@]}") s; python / mflow = $(calc "$(median "${pyc[@]}") / $(median "${mfc[@]}")" | cut -c1-4)x")"
   if [ -n "$d2" ]; then echo "mflow and python outputs identical (tensor digest $d1)"; fi
   echo
 }
