@@ -1,8 +1,8 @@
 use clap::Parser;
 
 // Planning a large DAG makes many short-lived allocations; mimalloc keeps them off the page-fault
-// path. Built without transparent huge pages: a 2 MiB page is zeroed whole when first touched,
-// which cost a short run more kernel time than it saved.
+// path. Its transparent huge pages stay on: without them a no-op of 1000 stages took 0.10 s of
+// system time instead of 0.045 (one fault per 4 KiB page), though its peak RSS fell by 40%.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
