@@ -1,8 +1,8 @@
 use clap::Parser;
 
 // Planning a large DAG makes many short-lived allocations; mimalloc keeps them off the page-fault
-// path. Its transparent huge pages stay on: without them a no-op of 1000 stages took 0.10 s of
-// system time instead of 0.045 (one fault per 4 KiB page), though its peak RSS fell by 40%.
+// path. Built without transparent huge pages: right after other work has churned memory, getting
+// and zeroing 2 MiB pages made a 1000-stage no-op 1.6x slower (docs/benchmarks.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
