@@ -159,8 +159,8 @@ def build_model(spec: S.ModelSpec, config, tp: int, seq_length: int, attention: 
         rotary_percent=spec.rotary_percent, rope_scaling=spec.rope_scaling,
         rope_scaling_factor=spec.rope_scaling_factor).cuda()
     if config.bf16:
-        # Without apex, norms are plain torch modules created in fp32 (a LayerNorm then refuses bf16
-        # input); cast everything, as Megatron's Float16Module does. The optimizer keeps fp32 copies.
+        # The norms' parameters are created in fp32 (a LayerNorm would then refuse bf16 input);
+        # cast everything, as Megatron's Float16Module does. The optimizer keeps fp32 copies.
         model = model.to(torch.bfloat16)
     return model
 

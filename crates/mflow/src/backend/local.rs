@@ -134,13 +134,13 @@ fn find_program(program: &str, path: Option<&String>) -> std::path::PathBuf {
     use std::collections::HashMap;
     use std::os::unix::fs::PermissionsExt;
     type Found = HashMap<(String, Option<String>), std::path::PathBuf>;
-    static FOUND: Mutex<Option<Found>> = Mutex::new(None);
+    static FOUND: std::sync::LazyLock<Mutex<Found>> = std::sync::LazyLock::new(Default::default);
     if program.contains('/') {
         return program.into();
     }
     let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
-    let entry = found.get_or_insert_with(HashMap::new).entry((program.to_string(), path.cloned()));
-    entry
+    found
+        .entry((program.to_string(), path.cloned()))
         .or_insert_with(|| {
             let path = path.cloned().or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
             for dir in std::env::split_paths(&path) {

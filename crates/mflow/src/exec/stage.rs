@@ -105,7 +105,7 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
         env.insert("MFLOW_OUTPUT".into(), out.display().to_string());
         env.insert("MFLOW_SCRATCH".into(), scratch.display().to_string());
         env.insert("MFLOW_PROGRESS".into(), progress_file.display().to_string());
-        env.insert("MFLOW_METRICS".into(), staging.join(REPORTS[2]).display().to_string());
+        env.insert("MFLOW_METRICS".into(), staging.join(METRICS).display().to_string());
         env.insert("MFLOW_STATUS".into(), status_file.display().to_string());
         env.insert("MFLOW_ATTEMPT".into(), attempt.to_string());
         env.insert("MFLOW_STAGE".into(), name.clone());
@@ -228,20 +228,22 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
 }
 
 /// Status, progress and metrics files, as named in the staging directory.
-const REPORTS: [&str; 3] = ["status.json", "progress.jsonl", "metrics.jsonl"];
+const REPORTS: [&str; 3] = ["status.json", "progress.jsonl", METRICS];
+/// The one report kept across attempts (appended to) rather than per attempt.
+const METRICS: &str = "metrics.jsonl";
 
 /// Moves the files the stage wrote about itself from its staging directory to the run record:
 /// `attempt-N.status.json`, `attempt-N.progress.jsonl`, and `metrics.jsonl` (appended to across
 /// attempts).
 fn keep_reports(staging: &std::path::Path, stage_dir: &std::path::Path, attempt: u32) {
-    for (i, name) in REPORTS.iter().enumerate() {
+    for name in REPORTS {
         let from = staging.join(name);
         if !from.exists() {
             continue;
         }
         let _ = std::fs::create_dir_all(stage_dir);
-        let to = if i == 2 { stage_dir.join(name) } else { stage_dir.join(format!("attempt-{attempt}.{name}")) };
-        if i == 2 && to.exists() {
+        let to = if name == METRICS { stage_dir.join(name) } else { stage_dir.join(format!("attempt-{attempt}.{name}")) };
+        if name == METRICS && to.exists() {
             let appended = std::fs::read(&from).and_then(|b| std::io::Write::write_all(&mut std::fs::OpenOptions::new().append(true).open(&to)?, &b));
             if appended.is_ok() {
                 let _ = std::fs::remove_file(&from);

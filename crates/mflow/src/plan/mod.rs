@@ -226,20 +226,21 @@ pub fn decide(plan: &Plan, store: &Store, last: &BTreeMap<String, KeyParts>, for
             }
             Some(parts) => {
                 let key = parts.key();
+                let run = |reason: String| Decision::Run { key: Some(key.clone()), reason };
                 let decision = if force.iter().any(|f| f == name) {
-                    Decision::Run { key: Some(key.clone()), reason: "forced".into() }
+                    run("forced".into())
                 } else if !s.spec.cache {
-                    Decision::Run { key: Some(key.clone()), reason: "cache = false".into() }
+                    run("cache = false".into())
                 } else {
                     match store.lookup(&key, verify) {
                         Lookup::Hit(m) => {
                             digests[i] = Some(m.digest);
                             Decision::Cached { key: key.clone() }
                         }
-                        Lookup::Corrupt(why) => Decision::Run { key: Some(key.clone()), reason: format!("cache entry was corrupt ({why})") },
+                        Lookup::Corrupt(why) => run(format!("cache entry was corrupt ({why})")),
                         Lookup::Miss => match crate::exec::resume_point(&plan.spec.workdir(), &key) {
                             Some(iteration) => Decision::Resume { key: key.clone(), iteration },
-                            None => Decision::Run { reason: reason(last.get(name), &parts), key: Some(key.clone()) },
+                            None => run(reason(last.get(name), &parts)),
                         },
                     }
                 };

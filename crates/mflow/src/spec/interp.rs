@@ -11,12 +11,6 @@ pub enum Piece {
 /// Splits `s` into pieces. `$${` is a literal `${`. Returns the malformed reference on error.
 pub fn pieces(s: &str) -> Result<Vec<Piece>, String> {
     let mut out = Vec::new();
-    if !has_refs(s) {
-        if !s.is_empty() {
-            out.push(Piece::Text(s.to_string()));
-        }
-        return Ok(out);
-    }
     let mut text = String::new();
     let mut rest = s;
     while let Some(i) = rest.find('$') {
