@@ -536,6 +536,9 @@ fn gc(workdir: &Path, keep_runs: usize, dry_run: bool) -> Result<ExitCode, Error
             store.remove(&key)?;
         }
     }
+    if !dry_run {
+        store.compact()?;
+    }
     println!("{} {removed} entries, {:.1} MB", if dry_run { "would remove" } else { "removed" }, freed as f64 / 1e6);
     Ok(ExitCode::Success)
 }

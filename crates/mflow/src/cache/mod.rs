@@ -1,12 +1,15 @@
-//! The content-addressed store. An entry `cache/<key>/` holds `out/` (the stage's output) and
-//! `manifest.json` (every file with its size and digest). Entries are built in
-//! `cache/.staging/` and committed by one rename, so a reader sees a whole entry or none.
+//! The content-addressed store. An entry `cache/<key>/` is the stage's output directory; its
+//! manifest (every file with its size and digest) is a line of the manifest log. Entries are
+//! built in `cache/.staging/` and committed by appending the manifest and then one rename, so
+//! a reader sees a whole entry or none.
 
 pub mod key;
+mod manifests;
 
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use miette::Diagnostic;
 use serde::{Deserialize, Serialize};
@@ -61,12 +64,13 @@ pub enum Lookup {
     Corrupt(String),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Store {
     root: PathBuf,
     /// Entries this process already found intact (fast check), so that planning and running
     /// check each entry once. Entries are immutable once committed; `remove` forgets them.
-    checked: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Manifest>>>,
+    checked: Arc<Mutex<std::collections::HashMap<String, Manifest>>>,
+    log: Arc<Mutex<manifests::Log>>,
 }
 
 /// Held while a key is being computed, so two runs never compute the same key at once: an OFD
@@ -84,19 +88,17 @@ impl Store {
         }
         let lock = root.join(".lock");
         fs::OpenOptions::new().create(true).append(true).open(&lock).map_err(io_err(&lock))?;
-        Ok(Store { root, checked: Default::default() })
+        let log = manifests::Log::new(root.join(".manifests.jsonl"));
+        Ok(Store { root, checked: Default::default(), log: Arc::new(Mutex::new(log)) })
     }
 
     pub fn root(&self) -> &Path {
         &self.root
     }
 
-    pub fn entry_dir(&self, key: &str) -> PathBuf {
-        self.root.join(key)
-    }
-
+    /// The committed entry of `key`: the stage's output directory.
     pub fn output_dir(&self, key: &str) -> PathBuf {
-        self.entry_dir(key).join("out")
+        self.root.join(key)
     }
 
     /// Checks an entry: sizes only by default, full digests with `verify`.
@@ -106,13 +108,15 @@ impl Store {
                 return Lookup::Hit(m.clone());
             }
         }
-        match self.check(key, verify) {
+        // Another run may have committed the key again since this one read the log: a failed
+        // check is repeated with the newest manifest before the entry counts as corrupt.
+        match self.check(key, verify, false).or_else(|_| self.check(key, verify, true)) {
             Ok(m) => {
                 self.checked.lock().unwrap().insert(key.to_string(), m.clone());
                 Lookup::Hit(m)
             }
             // No entry at all is a plain miss; checked after the fact, as hits are the common case.
-            Err(_) if !self.entry_dir(key).exists() => Lookup::Miss,
+            Err(_) if !self.output_dir(key).exists() => Lookup::Miss,
             Err(reason) => {
                 let _ = self.remove(key);
                 Lookup::Corrupt(reason)
@@ -122,12 +126,12 @@ impl Store {
 
     /// The manifest of a committed entry, without checking files.
     pub fn manifest(&self, key: &str) -> Option<Manifest> {
-        let text = fs::read_to_string(self.entry_dir(key).join("manifest.json")).ok()?;
-        serde_json::from_str(&text).ok()
+        self.log.lock().unwrap().get(key, false).ok().flatten()
     }
 
-    fn check(&self, key: &str, verify: bool) -> Result<Manifest, String> {
-        let m = self.manifest(key).ok_or("manifest.json is missing or unreadable")?;
+    fn check(&self, key: &str, verify: bool, fresh: bool) -> Result<Manifest, String> {
+        let m = self.log.lock().unwrap().get(key, fresh).map_err(|e| format!("cannot read the manifest log: {e}"))?;
+        let m = m.ok_or("it has no manifest")?;
         if m.key != key {
             return Err(format!("manifest names key {}", m.key));
         }
@@ -148,8 +152,9 @@ impl Store {
         Ok(m)
     }
 
-    /// A fresh staging directory for `key`; stale ones of the same key (from a killed run) are
-    /// removed first. Call with the key's lock held.
+    /// A fresh staging directory for `key`, which becomes the entry (the stage writes into it);
+    /// stale ones of the same key (from a killed run) and their report files are removed
+    /// first. Call with the key's lock held.
     pub fn stage(&self, key: &str, run_id: &str) -> Result<PathBuf, CacheError> {
         let staging = self.root.join(".staging");
         if let Ok(rd) = fs::read_dir(&staging) {
@@ -160,29 +165,37 @@ impl Store {
             }
         }
         let dir = staging.join(format!("{key}.{run_id}"));
-        let out = dir.join("out");
-        fs::create_dir_all(&out).map_err(io_err(&out))?;
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         Ok(dir)
     }
 
-    /// Writes the manifest into `staging` and renames it into place.
+    /// Records the manifest of `staging` and renames it into place. Call with the key's lock
+    /// held.
     pub fn commit(&self, staging: &Path, key: &str, stage: &str) -> Result<Manifest, CacheError> {
-        let out = staging.join("out");
-        let files = scan(&out)?;
+        let files = scan(staging)?;
         let manifest = Manifest { version: 1, key: key.to_string(), stage: stage.to_string(), digest: digest_of(&files), files };
-        let mpath = staging.join("manifest.json");
-        // No fsync per entry: it cost more than a small stage itself. A power loss can leave an
-        // entry with a short or empty file or manifest; the size check on lookup turns that into
-        // a miss, and `--verify` rehashes what sizes cannot catch.
-        fs::write(&mpath, serde_json::to_vec_pretty(&manifest).expect("serializes")).map_err(io_err(&mpath))?;
-        let dest = self.entry_dir(key);
+        let dest = self.output_dir(key);
         if dest.exists() {
-            // Committed by someone else meanwhile; theirs stands.
-            let _ = fs::remove_dir_all(staging);
-            return Ok(self.manifest(key).unwrap_or(manifest));
+            // Committed by someone else meanwhile (theirs stands), or left without a manifest
+            // by a killed commit (the lookup removes it).
+            if let Lookup::Hit(m) = self.lookup(key, false) {
+                let _ = fs::remove_dir_all(staging);
+                return Ok(m);
+            }
         }
+        // No fsync per entry: it cost more than a small stage itself. A power loss can leave an
+        // entry with a short or empty file or a torn manifest line; the size check on lookup
+        // turns that into a miss, and `--verify` rehashes what sizes cannot catch.
+        let mut log = self.log.lock().unwrap();
+        let _appending = log.append(&manifest).map_err(io_err(log.path()))?;
         fs::rename(staging, &dest).map_err(io_err(&dest))?;
         Ok(manifest)
+    }
+
+    /// Drops the manifest lines of entries that are gone.
+    pub fn compact(&self) -> Result<(), CacheError> {
+        let mut log = self.log.lock().unwrap();
+        log.compact(|key| self.output_dir(key).is_dir()).map_err(io_err(log.path()))
     }
 
     pub fn discard(&self, staging: &Path) {
@@ -192,7 +205,7 @@ impl Store {
     /// Moves an entry out of the way, then deletes it.
     pub fn remove(&self, key: &str) -> Result<(), CacheError> {
         self.checked.lock().unwrap().remove(key);
-        let dir = self.entry_dir(key);
+        let dir = self.output_dir(key);
         let trash = self.root.join(".trash").join(format!("{key}.{}", fastrand::u64(..)));
         fs::rename(&dir, &trash).map_err(io_err(&dir))?;
         fs::remove_dir_all(&trash).map_err(io_err(&trash))
@@ -200,35 +213,21 @@ impl Store {
 
     /// Blocks until this process holds the key's lock.
     pub fn lock(&self, key: &str) -> Result<KeyLock, CacheError> {
-        self.lock_with(key, libc::F_OFD_SETLKW).map(|l| l.expect("a blocking lock is taken"))
+        self.lock_with(key, true).map(|l| l.expect("a blocking lock is taken"))
     }
 
     /// Takes the key's lock if it is free.
     pub fn try_lock(&self, key: &str) -> Result<Option<KeyLock>, CacheError> {
-        self.lock_with(key, libc::F_OFD_SETLK)
+        self.lock_with(key, false)
     }
 
-    fn lock_with(&self, key: &str, cmd: libc::c_int) -> Result<Option<KeyLock>, CacheError> {
-        use std::os::fd::AsRawFd;
+    fn lock_with(&self, key: &str, wait: bool) -> Result<Option<KeyLock>, CacheError> {
         let path = self.root.join(".lock");
         let file = fs::OpenOptions::new().read(true).write(true).open(&path).map_err(io_err(&path))?;
-        // SAFETY: an all-zero flock is a valid value; the fields that matter are set below.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = libc::F_WRLCK as _;
-        fl.l_whence = libc::SEEK_SET as _;
-        fl.l_start = lock_offset(key);
-        fl.l_len = 1;
-        loop {
-            // SAFETY: fcntl with an OFD lock command reads the flock we own; the fd is open.
-            if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &fl) } == 0 {
-                return Ok(Some(KeyLock { _file: file }));
-            }
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN | libc::EACCES) if cmd == libc::F_OFD_SETLK => return Ok(None),
-                _ => return Err(CacheError::Io { path, source: e }),
-            }
+        match ofd_lock(&file, libc::F_WRLCK, lock_offset(key), 1, wait) {
+            Ok(true) => Ok(Some(KeyLock { _file: file })),
+            Ok(false) => Ok(None),
+            Err(source) => Err(CacheError::Io { path, source }),
         }
     }
 
@@ -248,6 +247,32 @@ impl Store {
     /// Bytes on disk of an entry.
     pub fn size(&self, key: &str) -> u64 {
         self.manifest(key).map(|m| m.bytes()).unwrap_or(0)
+    }
+}
+
+/// Takes an OFD lock (`kind` is `F_RDLCK` or `F_WRLCK`) on `len` bytes of `file` from `start`
+/// (0: to the end); false when `wait` is off and someone else holds it. The lock belongs to the
+/// open file, so two opens in one process exclude each other too; closing the file releases it.
+fn ofd_lock(file: &File, kind: libc::c_int, start: libc::off_t, len: libc::off_t, wait: bool) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero flock is a valid value; the fields that matter are set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = start;
+    fl.l_len = len;
+    let cmd = if wait { libc::F_OFD_SETLKW } else { libc::F_OFD_SETLK };
+    loop {
+        // SAFETY: fcntl with an OFD lock command reads the flock we own; the fd is open.
+        if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &fl) } == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN | libc::EACCES) if !wait => return Ok(false),
+            _ => return Err(e),
+        }
     }
 }
 
@@ -323,6 +348,7 @@ fn digest_of(files: &[FileEntry]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn commit_then_hit_then_corruption_is_a_miss() {
@@ -330,8 +356,8 @@ mod tests {
         let store = Store::open(tmp.path()).unwrap();
         let _l = store.lock("k1").unwrap();
         let st = store.stage("k1", "r1").unwrap();
-        fs::create_dir_all(st.join("out/sub")).unwrap();
-        fs::write(st.join("out/sub/a.txt"), b"hello").unwrap();
+        fs::create_dir_all(st.join("sub")).unwrap();
+        fs::write(st.join("sub/a.txt"), b"hello").unwrap();
         let m = store.commit(&st, "k1", "s").unwrap();
         assert_eq!(m.files.len(), 1);
         assert!(matches!(store.lookup("k1", true), Lookup::Hit(_)));
@@ -340,6 +366,73 @@ mod tests {
         assert!(matches!(store.lookup("k1", false), Lookup::Hit(_)));
         assert!(matches!(store.lookup("k1", true), Lookup::Corrupt(_)));
         assert!(matches!(store.lookup("k1", false), Lookup::Miss));
+    }
+
+    fn commit_file(store: &Store, key: &str, text: &str) -> Manifest {
+        let _l = store.lock(key).unwrap();
+        let st = store.stage(key, "r").unwrap();
+        fs::write(st.join("f"), text).unwrap();
+        store.commit(&st, key, "s").unwrap()
+    }
+
+    #[test]
+    fn a_commit_creates_only_the_output_and_one_manifest_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        commit_file(&store, "k1", "one");
+        commit_file(&store, "k2", "two");
+        let names: Vec<String> = fs::read_dir(store.output_dir("k1")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+        assert_eq!(names, ["f"]);
+        let log = fs::read_to_string(tmp.path().join("cache/.manifests.jsonl")).unwrap();
+        assert_eq!(log.lines().count(), 2);
+        // Another process (a fresh store) reads the entries from the log.
+        let other = Store::open(tmp.path()).unwrap();
+        assert!(matches!(other.lookup("k2", true), Lookup::Hit(m) if m.files[0].size == 3));
+    }
+
+    #[test]
+    fn entries_committed_by_another_store_are_seen_and_a_directory_without_manifest_is_corrupt() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (Store::open(tmp.path()).unwrap(), Store::open(tmp.path()).unwrap());
+        assert!(matches!(a.lookup("k", false), Lookup::Miss));
+        commit_file(&b, "k", "x");
+        assert!(matches!(a.lookup("k", false), Lookup::Hit(_)));
+        fs::create_dir_all(a.output_dir("stray")).unwrap();
+        assert!(matches!(a.lookup("stray", false), Lookup::Corrupt(_)));
+        assert!(!a.output_dir("stray").exists());
+    }
+
+    #[test]
+    fn a_torn_line_costs_only_its_own_entry() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        commit_file(&store, "k1", "one");
+        let log = tmp.path().join("cache/.manifests.jsonl");
+        fs::OpenOptions::new().append(true).open(&log).unwrap().write_all(b"{\"version\":1,\"ke").unwrap();
+        commit_file(&store, "k2", "two");
+        let fresh = Store::open(tmp.path()).unwrap();
+        assert!(matches!(fresh.lookup("k1", false), Lookup::Hit(_)));
+        assert!(matches!(fresh.lookup("k2", false), Lookup::Hit(_)));
+    }
+
+    #[test]
+    fn compaction_keeps_the_lines_of_existing_entries() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let reader = Store::open(tmp.path()).unwrap();
+        commit_file(&store, "k1", "one");
+        commit_file(&store, "k2", "two");
+        assert!(matches!(reader.lookup("k1", false), Lookup::Hit(_)));
+        store.remove("k1").unwrap();
+        store.compact().unwrap();
+        let log = fs::read_to_string(tmp.path().join("cache/.manifests.jsonl")).unwrap();
+        assert_eq!(log.lines().count(), 1);
+        assert!(log.contains("\"k2\""));
+        // A reader that had the old file open follows the compacted one.
+        commit_file(&store, "k3", "three");
+        assert!(matches!(reader.lookup("k3", false), Lookup::Hit(_)));
+        assert!(matches!(reader.lookup("k2", false), Lookup::Hit(_)));
+        assert!(matches!(reader.lookup("k1", true), Lookup::Miss));
     }
 
     #[test]

@@ -226,7 +226,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                     continue;
                 }
                 let st = &shared.plan.stages[i];
-                let name = st.spec.name.clone();
+                let name = st.spec.name.as_str();
                 // An upstream that failed, was skipped or cancelled stops this stage.
                 if let Some(&d) = st.deps.iter().find(|&&d| matches!(state[d], Some(StageEnd::Failed { .. }))) {
                     let up = shared.plan.stages[d].spec.name.clone();
@@ -249,7 +249,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                     progressed = true;
                     continue;
                 }
-                let forced = opts.force.iter().any(|f| f == &name);
+                let forced = opts.force.iter().any(|f| f == name);
                 // A ready stage waiting for a slot keeps its key and its cache miss; looking
                 // again on every pass made scheduling quadratic in the number of ready stages.
                 let key = match &missed[i] {
@@ -271,7 +271,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                                 (parts.key(), parts)
                             }
                         };
-                        keys.insert(name.clone(), parts);
+                        keys.insert(name.to_string(), parts);
                         key
                     }
                 };

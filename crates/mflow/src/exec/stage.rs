@@ -71,7 +71,7 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
             Ok(s) => s,
             Err(e) => return fail(sh, &name, FailureClass::Infra, e.to_string()).await,
         };
-        let out = staging.join("out");
+        let out = staging.clone();
         let cx = JobContext {
             stage: &st.spec,
             params: &params,
@@ -96,16 +96,16 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
             let _ = std::fs::remove_dir(&out);
         }
         let log = stage_dir.join(format!("attempt-{attempt}.log"));
-        // The files a stage may write about itself go in its staging directory, which exists
-        // already, and move to the run record afterwards (`keep_reports`).
-        let status_file = staging.join(REPORTS[0]);
-        let progress_file = staging.join(REPORTS[1]);
+        // The files a stage may write about itself go next to its staging directory, which
+        // exists already, and move to the run record afterwards (`keep_reports`).
+        let status_file = report_path(&staging, REPORTS[0]);
+        let progress_file = report_path(&staging, REPORTS[1]);
         let mut env = plan.env.clone();
         env.extend(st.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.insert("MFLOW_OUTPUT".into(), out.display().to_string());
         env.insert("MFLOW_SCRATCH".into(), scratch.display().to_string());
         env.insert("MFLOW_PROGRESS".into(), progress_file.display().to_string());
-        env.insert("MFLOW_METRICS".into(), staging.join(METRICS).display().to_string());
+        env.insert("MFLOW_METRICS".into(), report_path(&staging, METRICS).display().to_string());
         env.insert("MFLOW_STATUS".into(), status_file.display().to_string());
         env.insert("MFLOW_ATTEMPT".into(), attempt.to_string());
         env.insert("MFLOW_STAGE".into(), name.clone());
@@ -232,12 +232,21 @@ const REPORTS: [&str; 3] = ["status.json", "progress.jsonl", METRICS];
 /// The one report kept across attempts (appended to) rather than per attempt.
 const METRICS: &str = "metrics.jsonl";
 
-/// Moves the files the stage wrote about itself from its staging directory to the run record:
+/// Where a stage writes report `name` while its output is staged in `staging`:
+/// `<staging>.<name>`, which the staging of the key's next attempt clears if it is left over.
+fn report_path(staging: &std::path::Path, name: &str) -> PathBuf {
+    let mut path = staging.as_os_str().to_owned();
+    path.push(".");
+    path.push(name);
+    PathBuf::from(path)
+}
+
+/// Moves the files the stage wrote about itself from next to its staging directory to the run record:
 /// `attempt-N.status.json`, `attempt-N.progress.jsonl`, and `metrics.jsonl` (appended to across
 /// attempts).
 fn keep_reports(staging: &std::path::Path, stage_dir: &std::path::Path, attempt: u32) {
     for name in REPORTS {
-        let from = staging.join(name);
+        let from = report_path(staging, name);
         if !from.exists() {
             continue;
         }

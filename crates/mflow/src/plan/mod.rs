@@ -68,17 +68,20 @@ impl Plan {
     }
 }
 
-pub fn build(spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
+pub fn build(mut spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
     let root = project_root(&spec.dir);
     let hasher = InputHasher::open(&spec.workdir());
-    let mut stage_specs = spec.stages.clone();
+    // The planned stages own the stage specs from here on (a large spec is not copied).
+    let mut stage_specs = std::mem::take(&mut spec.stages);
     insert_reshards(&mut stage_specs);
     checks::check(&stage_specs)?;
     let order = topo_order(&stage_specs);
     let position: BTreeMap<String, usize> = order.iter().enumerate().map(|(pos, &i)| (stage_specs[i].name.clone(), pos)).collect();
     let mut stages = Vec::new();
+    let mut stage_specs: Vec<Option<StageSpec>> = stage_specs.into_iter().map(Some).collect();
     for &i in &order {
-        let st = &stage_specs[i];
+        let owned = stage_specs[i].take().expect("each stage once in the order");
+        let st = &owned;
         let params = crate::stages::resolve_params(st, crate::backend::stage_gpus(&spec, st, env)).map_err(|(message, help)| PlanError::Invalid { stage: st.name.clone(), message, help })?;
         let mut params = params;
         if let Some(src) = params.get("source").and_then(Json::as_str).filter(|s| s.starts_with("hf://")) {
@@ -100,12 +103,13 @@ pub fn build(spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
             salt: st.salt.clone(),
         };
         let deps = st.needs.iter().map(|n| position[n]).collect();
-        let mut spec_of_stage = st.clone();
+        let inserted = st.description.as_deref() == Some(RESHARD_NOTE);
+        let mut spec_of_stage = owned;
         // A Megatron stage holds its GPUs in the pool, so that two such stages never share one.
         if parts.params.get("engine").and_then(Json::as_str) == Some("megatron") && spec_of_stage.resources.gpus == 0 && spec.pipeline.backend != "kubernetes" {
-            spec_of_stage.resources.gpus = crate::stages::world_size(st.kind, parts.params.as_object().expect("params are a table")) as u32;
+            spec_of_stage.resources.gpus = crate::stages::world_size(spec_of_stage.kind, parts.params.as_object().expect("params are a table")) as u32;
         }
-        stages.push(PlannedStage { spec: spec_of_stage, deps, parts, inserted: st.description.as_deref() == Some(RESHARD_NOTE) });
+        stages.push(PlannedStage { spec: spec_of_stage, deps, parts, inserted });
     }
     hasher.save();
     Ok(Plan { spec, stages, root })

@@ -1,7 +1,7 @@
 //! The directory a TrainJob writes its output to, and the move of that output into the
 //! engine's staging directory once the TrainJob completed.
 //!
-//! The engine stages an attempt's output in `<cache>/.staging/<key>.<run>/out` and clears the
+//! The engine stages an attempt's output in `<cache>/.staging/<key>.<run>` and clears the
 //! staging directories of a key when a run starts. A TrainJob outlives the mflow process that
 //! submitted it, so it writes to `<cache>/.kube/<trainjob>/out` instead: named after the
 //! TrainJob, found again by a restarted mflow, and left alone by the engine.
@@ -25,9 +25,8 @@ impl OwnOutput {
     /// `None` when the engine's output is not a cache staging directory (then the TrainJob
     /// writes to it directly).
     pub fn of(staged: &Path, trainjob: &str) -> Option<OwnOutput> {
-        let entry = staged.parent()?;
-        let staging = entry.parent()?;
-        if staged.file_name()? != "out" || staging.file_name()? != ".staging" {
+        let staging = staged.parent()?;
+        if staging.file_name()? != ".staging" {
             return None;
         }
         let dir = staging.parent()?.join(".kube").join(trainjob);
@@ -39,7 +38,7 @@ impl OwnOutput {
     /// evaluate and export verification read their output path from those).
     pub fn rewrite(&self, job: &Job) -> Result<Job, KubernetesError> {
         let own = self.out.to_string_lossy().to_string();
-        let swap = |s: &str| s.replace(&self.staged, &own);
+        let swap = |s: &str| swap_path(s, &self.staged, &own);
         let mut job = job.clone();
         let attempt_dir = job.log.parent().map(Path::to_path_buf).unwrap_or_default();
         for argv in &mut job.steps {
@@ -83,6 +82,22 @@ fn rewrite_config(path: &Path, swap: &dyn Fn(&str) -> String) -> Result<(), Kube
     std::fs::write(path, serde_json::to_vec_pretty(&config).unwrap_or_default()).map_err(|e| volume(e.to_string()))
 }
 
+/// `s` with each mention of the path `from`, or of a path under it, replaced by `to`. A
+/// sibling that only starts with the same characters (`<from>.status.json`) stays.
+fn swap_path(s: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find(from) {
+        let after = &rest[i + from.len()..];
+        let whole = after.chars().next().is_none_or(|c| c == '/' || !(c.is_alphanumeric() || matches!(c, '.' | '-' | '_')));
+        out.push_str(&rest[..i]);
+        out.push_str(if whole { to } else { from });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
 fn swap_strings(v: &mut Json, swap: &dyn Fn(&str) -> String) {
     match v {
         Json::String(s) => *s = swap(s),
@@ -99,15 +114,25 @@ mod tests {
 
     #[test]
     fn only_cache_staging_directories_are_redirected() {
-        let own = OwnOutput::of(Path::new("/mflow/p/cache/.staging/abc.run1/out"), "p-s-abc").unwrap();
+        let own = OwnOutput::of(Path::new("/mflow/p/cache/.staging/abc.run1"), "p-s-abc").unwrap();
         assert_eq!(own.out, Path::new("/mflow/p/cache/.kube/p-s-abc/out"));
         assert!(OwnOutput::of(Path::new("/mflow/p/elsewhere/out"), "p-s-abc").is_none());
     }
 
     #[test]
+    fn only_whole_path_mentions_are_swapped() {
+        let swap = |s: &str| swap_path(s, "/c/.staging/k.r", "/c/.kube/t/out");
+        assert_eq!(swap("/c/.staging/k.r"), "/c/.kube/t/out");
+        assert_eq!(swap("--out=/c/.staging/k.r/model"), "--out=/c/.kube/t/out/model");
+        assert_eq!(swap("a /c/.staging/k.r b"), "a /c/.kube/t/out b");
+        assert_eq!(swap("/c/.staging/k.r.status.json"), "/c/.staging/k.r.status.json");
+        assert_eq!(swap("/c/.staging/k.r2"), "/c/.staging/k.r2");
+    }
+
+    #[test]
     fn paths_are_rewritten_in_arguments_environment_and_configs() {
         let root = std::env::temp_dir().join(format!("mflow-own-output-{}", fastrand::u64(..)));
-        let staged = root.join("cache/.staging/k.r/out");
+        let staged = root.join("cache/.staging/k.r");
         let attempt = root.join("runs/r/stages/train");
         std::fs::create_dir_all(&attempt).unwrap();
         let config = attempt.join("train-config-1.json");
