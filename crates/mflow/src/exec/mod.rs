@@ -3,6 +3,7 @@
 //! the run record current.
 
 pub mod display;
+mod frontier;
 pub mod gates;
 pub mod pool;
 pub mod retry;
@@ -210,139 +211,128 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
     });
 
     let n = shared.plan.stages.len();
-    let mut state: Vec<Option<StageEnd>> = vec![None; n];
-    let mut running = vec![false; n];
+    let mut frontier = frontier::Frontier::new(&shared.plan);
     let mut running_count = 0usize;
     let mut missed: Vec<Option<String>> = vec![None; n];
     let mut keys: BTreeMap<String, KeyParts> = BTreeMap::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, StageEnd, pool::Grant)>();
     loop {
         let cancelled = *shared.cancel.borrow() != Cancel::None;
-        let mut progressed = true;
-        while progressed {
-            progressed = false;
-            for i in 0..n {
-                if state[i].is_some() || running[i] {
-                    continue;
+        let mut from = 0;
+        while let Some(i) = frontier.next(from) {
+            from = i + 1;
+            let state = &frontier.ends;
+            let st = &shared.plan.stages[i];
+            let name = st.spec.name.as_str();
+            // An upstream that failed, was skipped or cancelled stops this stage.
+            if let Some(&d) = st.deps.iter().find(|&&d| matches!(state[d], Some(StageEnd::Failed { .. }))) {
+                let up = shared.plan.stages[d].spec.name.clone();
+                frontier.end(i, StageEnd::Failed { class: FailureClass::Cancelled, message: format!("upstream `{up}` did not succeed") });
+                shared.update(&name, |r| {
+                    r.status = StageStatus::Skipped;
+                    r.message = Some(format!("upstream `{up}` did not succeed"));
+                })
+                .await;
+                shared.show(&name, "skipped", &format!("upstream `{up}` did not succeed"));
+                continue;
+            }
+            if cancelled {
+                frontier.end(i, StageEnd::Failed { class: FailureClass::Cancelled, message: "run cancelled".into() });
+                shared.update(&name, |r| r.status = StageStatus::Cancelled).await;
+                continue;
+            }
+            let forced = opts.force.iter().any(|f| f == name);
+            // A ready stage waiting for a slot keeps its key and its cache miss; looking
+            // again on every pass made scheduling quadratic in the number of ready stages.
+            let key = match &missed[i] {
+                Some(key) => key.clone(),
+                None => {
+                    // Planning keyed every stage whose upstream was cached; that key holds
+                    // if the upstream outputs are the ones it assumed.
+                    let planned = |parts: &KeyParts| {
+                        st.deps.iter().all(|&d| matches!(&state[d], Some(StageEnd::Done { digest, .. }) if parts.upstream.get(&shared.plan.stages[d].spec.name) == Some(digest)))
+                    };
+                    let (key, parts) = match decisions[i].keyed.take() {
+                        Some((key, parts)) if planned(&parts) => (key, parts),
+                        _ => {
+                            let digest_of = |d: usize| match &state[d] {
+                                Some(StageEnd::Done { digest, .. }) => Some(digest.clone()),
+                                _ => None,
+                            };
+                            let parts = shared.plan.parts_with(i, &digest_of).expect("upstream done");
+                            (parts.key(), parts)
+                        }
+                    };
+                    keys.insert(name.to_string(), parts);
+                    key
                 }
-                let st = &shared.plan.stages[i];
-                let name = st.spec.name.as_str();
-                // An upstream that failed, was skipped or cancelled stops this stage.
-                if let Some(&d) = st.deps.iter().find(|&&d| matches!(state[d], Some(StageEnd::Failed { .. }))) {
-                    let up = shared.plan.stages[d].spec.name.clone();
-                    state[i] = Some(StageEnd::Failed { class: FailureClass::Cancelled, message: format!("upstream `{up}` did not succeed") });
-                    shared.update(&name, |r| {
-                        r.status = StageStatus::Skipped;
-                        r.message = Some(format!("upstream `{up}` did not succeed"));
-                    })
-                    .await;
-                    shared.show(&name, "skipped", &format!("upstream `{up}` did not succeed"));
-                    progressed = true;
-                    continue;
-                }
-                if !st.deps.iter().all(|&d| matches!(state[d], Some(StageEnd::Done { .. }))) {
-                    continue;
-                }
-                if cancelled {
-                    state[i] = Some(StageEnd::Failed { class: FailureClass::Cancelled, message: "run cancelled".into() });
-                    shared.update(&name, |r| r.status = StageStatus::Cancelled).await;
-                    progressed = true;
-                    continue;
-                }
-                let forced = opts.force.iter().any(|f| f == name);
-                // A ready stage waiting for a slot keeps its key and its cache miss; looking
-                // again on every pass made scheduling quadratic in the number of ready stages.
-                let key = match &missed[i] {
-                    Some(key) => key.clone(),
-                    None => {
-                        // Planning keyed every stage whose upstream was cached; that key holds
-                        // if the upstream outputs are the ones it assumed.
-                        let planned = |parts: &KeyParts| {
-                            st.deps.iter().all(|&d| matches!(&state[d], Some(StageEnd::Done { digest, .. }) if parts.upstream.get(&shared.plan.stages[d].spec.name) == Some(digest)))
-                        };
-                        let (key, parts) = match decisions[i].keyed.take() {
-                            Some((key, parts)) if planned(&parts) => (key, parts),
-                            _ => {
-                                let digest_of = |d: usize| match &state[d] {
-                                    Some(StageEnd::Done { digest, .. }) => Some(digest.clone()),
-                                    _ => None,
-                                };
-                                let parts = shared.plan.parts_with(i, &digest_of).expect("upstream done");
-                                (parts.key(), parts)
-                            }
-                        };
-                        keys.insert(name.to_string(), parts);
-                        key
-                    }
-                };
-                if st.spec.cache && !forced && missed[i].is_none() {
-                    match shared.store.lookup(&key, shared.verify) {
-                        Lookup::Hit(m) => {
-                            let output = shared.store.output_dir(&key);
-                            shared
-                                .update(&name, |r| {
-                                    r.status = StageStatus::Cached;
-                                    r.key = Some(key.clone());
-                                    r.output = Some(output.display().to_string());
-                                    r.output_digest = Some(m.digest.clone());
+            };
+            if st.spec.cache && !forced && missed[i].is_none() {
+                match shared.store.lookup(&key, shared.verify) {
+                    Lookup::Hit(m) => {
+                        let output = shared.store.output_dir(&key);
+                        shared
+                            .update(&name, |r| {
+                                r.status = StageStatus::Cached;
+                                r.key = Some(key.clone());
+                                r.output = Some(output.display().to_string());
+                                r.output_digest = Some(m.digest.clone());
+                            })
+                            .await;
+                        shared.show(&name, "cached", crate::cache::key::short(&key));
+                        let end = match stage::check_gates(&shared, i, &output).await {
+                            Some(message) => {
+                                shared.update(&name, |r| {
+                                    r.status = StageStatus::Failed;
+                                    r.message = Some(format!("gate: {message}"));
                                 })
                                 .await;
-                            shared.show(&name, "cached", crate::cache::key::short(&key));
-                            state[i] = Some(match stage::check_gates(&shared, i, &output).await {
-                                Some(message) => {
-                                    shared.update(&name, |r| {
-                                        r.status = StageStatus::Failed;
-                                        r.message = Some(format!("gate: {message}"));
-                                    })
-                                    .await;
-                                    shared.show(&name, "failed", &format!("gate: {message}"));
-                                    StageEnd::Failed { class: FailureClass::Gate, message }
-                                }
-                                None => StageEnd::Done { digest: m.digest, output, cached: true },
-                            });
-                            progressed = true;
-                            continue;
-                        }
-                        Lookup::Corrupt(why) => {
-                            tracing::warn!(stage = %name, "cache entry {key} is corrupt ({why}); running again");
-                            shared.show(&name, "warning", &format!("cache entry corrupt ({why}); running again"));
-                        }
-                        Lookup::Miss => {}
+                                shared.show(&name, "failed", &format!("gate: {message}"));
+                                StageEnd::Failed { class: FailureClass::Gate, message }
+                            }
+                            None => StageEnd::Done { digest: m.digest, output, cached: true },
+                        };
+                        frontier.end(i, end);
+                        continue;
                     }
+                    Lookup::Corrupt(why) => {
+                        tracing::warn!(stage = %name, "cache entry {key} is corrupt ({why}); running again");
+                        shared.show(&name, "warning", &format!("cache entry corrupt ({why}); running again"));
+                    }
+                    Lookup::Miss => {}
                 }
-                missed[i] = Some(key.clone());
-                if running_count >= jobs {
-                    continue;
-                }
-                if let Err(why) = pool.fits(&st.spec.resources) {
-                    state[i] = Some(StageEnd::Failed { class: FailureClass::User, message: why.clone() });
-                    shared.update(&name, |r| {
-                        r.status = StageStatus::Failed;
-                        r.message = Some(why.clone());
-                    })
-                    .await;
-                    shared.show(&name, "failed", &why);
-                    progressed = true;
-                    continue;
-                }
-                let Some(grant) = pool.take(&st.spec.resources) else { continue };
-                running[i] = true;
-                running_count += 1;
-                let upstream: BTreeMap<String, PathBuf> = st
-                    .deps
-                    .iter()
-                    .filter_map(|&d| match &state[d] {
-                        Some(StageEnd::Done { output, .. }) => Some((shared.plan.stages[d].spec.name.clone(), output.clone())),
-                        _ => None,
-                    })
-                    .collect();
-                let shared2 = shared.clone();
-                let tx = done_tx.clone();
-                tokio::spawn(async move {
-                    let end = stage::run_stage(shared2, i, key, upstream, &grant, forced).await;
-                    let _ = tx.send((i, end, grant));
-                });
             }
+            missed[i] = Some(key.clone());
+            if running_count >= jobs {
+                continue;
+            }
+            if let Err(why) = pool.fits(&st.spec.resources) {
+                frontier.end(i, StageEnd::Failed { class: FailureClass::User, message: why.clone() });
+                shared.update(&name, |r| {
+                    r.status = StageStatus::Failed;
+                    r.message = Some(why.clone());
+                })
+                .await;
+                shared.show(&name, "failed", &why);
+                continue;
+            }
+            let Some(grant) = pool.take(&st.spec.resources) else { continue };
+            running_count += 1;
+            let upstream: BTreeMap<String, PathBuf> = st
+                .deps
+                .iter()
+                .filter_map(|&d| match &state[d] {
+                    Some(StageEnd::Done { output, .. }) => Some((shared.plan.stages[d].spec.name.clone(), output.clone())),
+                    _ => None,
+                })
+                .collect();
+            frontier.start(i);
+            let shared2 = shared.clone();
+            let tx = done_tx.clone();
+            tokio::spawn(async move {
+                let end = stage::run_stage(shared2, i, key, upstream, &grant, forced).await;
+                let _ = tx.send((i, end, grant));
+            });
         }
         shared.display.lock().unwrap().flush();
         if running_count == 0 {
@@ -350,9 +340,8 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
         }
         let Some((i, end, grant)) = done_rx.recv().await else { break };
         pool.give(grant);
-        running[i] = false;
         running_count -= 1;
-        state[i] = Some(end);
+        frontier.end(i, end);
     }
     signals.abort();
     record_writer.abort();
@@ -361,7 +350,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
 
     record::save_last_keys(&workdir, last, &keys);
     let mut rec = shared.record.lock().await.clone();
-    let ends: Vec<&StageEnd> = state.iter().flatten().collect();
+    let ends: Vec<&StageEnd> = frontier.ends.iter().flatten().collect();
     let cancelled = *shared.cancel.borrow() != Cancel::None;
     rec.status = if cancelled {
         RunStatus::Cancelled
