@@ -183,11 +183,13 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
         tokio::spawn(async move {
             loop {
                 shared.record_changed.notified().await;
+                // Changes gather for an interval first: a run shorter than that (a no-op) has
+                // its record written only at the start and the end.
+                tokio::time::sleep(RECORD_INTERVAL).await;
                 let rec = shared.record.lock().await.clone();
                 // No await between here and the rename, so aborting this task never leaves a
                 // write behind that could land after the final one.
                 let _ = record::write_json(&shared.run_dir.join("run.json"), &rec);
-                tokio::time::sleep(RECORD_INTERVAL).await;
             }
         })
     };
