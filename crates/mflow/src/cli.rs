@@ -366,7 +366,7 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
     }
     let opts = crate::exec::Options { jobs: args.jobs, force: args.force, verify: args.verify, mode: Mode::detect(format == LogFormat::Json), overrides: args.set };
     // A cluster that cannot run the plan is reported before anything starts.
-    let backend = match rt.block_on(crate::backend::Backend::for_spec(&plan.spec)) {
+    let backend = match rt.block_on(crate::backend::Backend::for_plan(&plan)) {
         Ok(b) => b,
         Err(e) => {
             let code = if e.class() == crate::exec::retry::FailureClass::User { ExitCode::Invalid } else { ExitCode::Infra };

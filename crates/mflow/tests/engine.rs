@@ -342,6 +342,11 @@ fn gc_keeps_what_recent_runs_use() {
     let o = p.mflow(&["gc", "--keep-runs", "1"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(p.cache_keys().len(), 4);
+    // The manifest log keeps a line for each remaining entry only.
+    let manifests = std::fs::read_to_string(p.file(".mflow/cache/.manifests.jsonl")).unwrap();
+    let mut logged: Vec<String> = manifests.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["key"].as_str().unwrap().to_string()).collect();
+    logged.sort();
+    assert_eq!(logged, p.cache_keys());
     let o = p.run(&["--set", "vars.v_a=9"]);
     assert_eq!(code(&o), 0);
     assert_eq!(log(&p).len(), 8, "gc removed an entry the kept run uses");

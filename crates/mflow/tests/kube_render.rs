@@ -136,6 +136,19 @@ resources = { gpus = 2 }
 }
 
 #[test]
+fn a_reshard_stage_inserted_by_planning_runs_as_a_trainjob_too() {
+    let dir = tempfile::tempdir().unwrap();
+    // Evaluating at TP=1 what trained at TP=2 makes planning insert `evaluate-reshard`.
+    let evaluate = "\n[stages.evaluate]\nkind = \"evaluate\"\nmodel = \"${stages.train.output}\"\ndata = \"${stages.data.output}\"\ntp = 1\nseq_length = 32\neval_iters = 2\n";
+    let (plan, store) = plan_of(&write_spec(dir.path(), evaluate));
+    assert!(plan.index("evaluate-reshard").is_some());
+    let yaml = render::render(&plan, &store).unwrap();
+    let stages: Vec<String> = documents(&yaml).iter().filter(|d| d["kind"] == "TrainJob").map(|j| j["metadata"]["annotations"]["mflow.dev/stage-name"].as_str().unwrap().to_string()).collect();
+    assert!(stages.contains(&"evaluate-reshard".to_string()), "{stages:?}");
+    assert!(stages.contains(&"evaluate".to_string()), "{stages:?}");
+}
+
+#[test]
 fn render_prints_every_object_a_run_would_submit() {
     let dir = tempfile::tempdir().unwrap();
     let (plan, store) = plan_of(&write_spec(dir.path(), ""));

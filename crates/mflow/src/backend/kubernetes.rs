@@ -40,6 +40,7 @@ pub mod render;
 use own_output::OwnOutput;
 
 use super::{Cancel, Job, Line, Outcome};
+use crate::plan::Plan;
 use crate::exec::retry::FailureClass;
 use crate::spec::{Resources, Spec, StageSpec};
 use crate::stages::Kind;
@@ -180,9 +181,9 @@ impl Kubernetes {
     /// Connects with the spec's `[pipeline.kubernetes]` settings (the kubeconfig comes from
     /// `KUBECONFIG`, `~/.kube/config` or the pod's service account) and checks, before any
     /// stage starts, that the cluster can run the plan.
-    pub async fn connect(spec: &Spec) -> Result<Kubernetes, KubernetesError> {
-        let layout = Layout::of(spec)?;
-        let kube = KubeBackend::connect(layout.options(spec)?).await?;
+    pub async fn connect(plan: &Plan) -> Result<Kubernetes, KubernetesError> {
+        let layout = Layout::of(plan)?;
+        let kube = KubeBackend::connect(layout.options(&plan.spec)?).await?;
         kube.preflight().await?;
         Ok(Kubernetes { kube, layout, workloads: OnceCell::new() })
     }
@@ -320,7 +321,9 @@ impl Kubernetes {
 }
 
 impl Layout {
-    pub(crate) fn of(spec: &Spec) -> Result<Layout, KubernetesError> {
+    /// The stages as planned, reshard stages that planning inserted included.
+    pub(crate) fn of(plan: &Plan) -> Result<Layout, KubernetesError> {
+        let spec = &plan.spec;
         let k = &spec.pipeline.kubernetes;
         let settings = Settings {
             image: setting(k, "image")?,
@@ -328,9 +331,10 @@ impl Layout {
             runtime: setting(k, "runtime")?.unwrap_or_else(|| mflow_kube::DEFAULT_RUNTIME.into()),
             cpu_runtime: setting(k, "cpu_runtime")?.unwrap_or_else(|| DEFAULT_CPU_RUNTIME.into()),
         };
-        let stages: BTreeMap<String, StageInfo> = spec
+        let stages: BTreeMap<String, StageInfo> = plan
             .stages
             .iter()
+            .map(|p| &p.spec)
             .map(|s| {
                 let info = StageInfo { kind: s.kind, nodes: s.nodes.max(1), image: s.image.clone(), resources: s.resources.clone() };
                 (s.name.clone(), info)

@@ -61,10 +61,10 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// The spec's backend, connected and checked before anything starts.
-    pub async fn for_spec(spec: &crate::spec::Spec) -> Result<Backend, kubernetes::KubernetesError> {
-        match spec.pipeline.backend.as_str() {
-            "kubernetes" => Ok(Backend::Kubernetes(Arc::new(kubernetes::Kubernetes::connect(spec).await?))),
+    /// The plan's backend, connected and checked before anything starts.
+    pub async fn for_plan(plan: &crate::plan::Plan) -> Result<Backend, kubernetes::KubernetesError> {
+        match plan.spec.pipeline.backend.as_str() {
+            "kubernetes" => Ok(Backend::Kubernetes(Arc::new(kubernetes::Kubernetes::connect(plan).await?))),
             _ => Ok(Backend::Local),
         }
     }

@@ -90,7 +90,7 @@ impl Shared {
 /// Runs the plan on the spec's backend, connecting to it first.
 pub async fn run(mut plan: Plan, env: Environment, opts: Options) -> Result<RunOutcome, crate::Error> {
     crate::backend::choose(&mut plan.spec, None);
-    let backend = crate::backend::Backend::for_spec(&plan.spec).await.map_err(|e| crate::Error::usage(e.to_string(), e.explain()))?;
+    let backend = crate::backend::Backend::for_plan(&plan).await.map_err(|e| crate::Error::usage(e.to_string(), e.explain()))?;
     run_on(plan, env, opts, backend).await
 }
 

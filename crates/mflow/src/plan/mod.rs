@@ -68,11 +68,11 @@ impl Plan {
     }
 }
 
-pub fn build(spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
+pub fn build(mut spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
     let root = project_root(&spec.dir);
     let hasher = InputHasher::open(&spec.workdir());
-    // The planned stages own this copy (the backends read the spec's own).
-    let mut stage_specs = spec.stages.clone();
+    // The planned stages own the stage specs from here on (a large spec is not copied).
+    let mut stage_specs = std::mem::take(&mut spec.stages);
     insert_reshards(&mut stage_specs);
     checks::check(&stage_specs)?;
     let order = topo_order(&stage_specs);

@@ -41,7 +41,7 @@ pub struct Objects {
 /// Shapes every stage of the plan. Reads the local cache to know which keys are final;
 /// writes nothing but a temporary directory for the stages' config files.
 pub fn objects(plan: &Plan, store: &Store) -> Result<Objects, KubernetesError> {
-    let layout = Layout::of(&plan.spec)?;
+    let layout = Layout::of(plan)?;
     let opts = layout.options(&plan.spec)?;
     let workdir = plan.spec.workdir();
     let run_dir = workdir.join("runs").join("rendered");
@@ -208,7 +208,7 @@ pub struct DryRun {
 /// Connects (with the preflight checks of a run) and sends every object a run would create
 /// as a server-side dry run. Stages already cached are skipped, as a run would skip them.
 pub async fn dry_run(plan: &Plan, store: &Store) -> Result<Vec<DryRun>, KubernetesError> {
-    let layout = Layout::of(&plan.spec)?;
+    let layout = Layout::of(plan)?;
     let kube = KubeBackend::connect(layout.options(&plan.spec)?).await?;
     kube.preflight().await?;
     let objects = objects(plan, store)?;
