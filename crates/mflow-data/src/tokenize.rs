@@ -45,6 +45,8 @@ pub enum TokenizerError {
     Encode { path: PathBuf, message: String },
 }
 
+// One per tokenizer, so the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Kind {
     Hf { tokenizer: Box<Tokenizer>, path: PathBuf, memo: Option<WordMemo> },
     ByteLevel,

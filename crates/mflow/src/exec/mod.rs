@@ -230,17 +230,17 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
             if let Some(&d) = st.deps.iter().find(|&&d| matches!(state[d], Some(StageEnd::Failed { .. }))) {
                 let up = shared.plan.stages[d].spec.name.clone();
                 frontier.end(i, StageEnd::Failed { class: FailureClass::Cancelled, message: format!("upstream `{up}` did not succeed") });
-                shared.update(&name, |r| {
+                shared.update(name, |r| {
                     r.status = StageStatus::Skipped;
                     r.message = Some(format!("upstream `{up}` did not succeed"));
                 })
                 .await;
-                shared.show(&name, "skipped", &format!("upstream `{up}` did not succeed"));
+                shared.show(name, "skipped", &format!("upstream `{up}` did not succeed"));
                 continue;
             }
             if cancelled {
                 frontier.end(i, StageEnd::Failed { class: FailureClass::Cancelled, message: "run cancelled".into() });
-                shared.update(&name, |r| r.status = StageStatus::Cancelled).await;
+                shared.update(name, |r| r.status = StageStatus::Cancelled).await;
                 continue;
             }
             let forced = opts.force.iter().any(|f| f == name);
@@ -274,22 +274,22 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                     Lookup::Hit(m) => {
                         let output = shared.store.output_dir(&key);
                         shared
-                            .update(&name, |r| {
+                            .update(name, |r| {
                                 r.status = StageStatus::Cached;
                                 r.key = Some(key.clone());
                                 r.output = Some(output.display().to_string());
                                 r.output_digest = Some(m.digest.clone());
                             })
                             .await;
-                        shared.show(&name, "cached", crate::cache::key::short(&key));
+                        shared.show(name, "cached", crate::cache::key::short(&key));
                         let end = match stage::check_gates(&shared, i, &output).await {
                             Some(message) => {
-                                shared.update(&name, |r| {
+                                shared.update(name, |r| {
                                     r.status = StageStatus::Failed;
                                     r.message = Some(format!("gate: {message}"));
                                 })
                                 .await;
-                                shared.show(&name, "failed", &format!("gate: {message}"));
+                                shared.show(name, "failed", &format!("gate: {message}"));
                                 StageEnd::Failed { class: FailureClass::Gate, message }
                             }
                             None => StageEnd::Done { digest: m.digest, output, cached: true },
@@ -299,7 +299,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                     }
                     Lookup::Corrupt(why) => {
                         tracing::warn!(stage = %name, "cache entry {key} is corrupt ({why}); running again");
-                        shared.show(&name, "warning", &format!("cache entry corrupt ({why}); running again"));
+                        shared.show(name, "warning", &format!("cache entry corrupt ({why}); running again"));
                     }
                     Lookup::Miss => {}
                 }
@@ -310,12 +310,12 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
             }
             if let Err(why) = pool.fits(&st.spec.resources) {
                 frontier.end(i, StageEnd::Failed { class: FailureClass::User, message: why.clone() });
-                shared.update(&name, |r| {
+                shared.update(name, |r| {
                     r.status = StageStatus::Failed;
                     r.message = Some(why.clone());
                 })
                 .await;
-                shared.show(&name, "failed", &why);
+                shared.show(name, "failed", &why);
                 continue;
             }
             let Some(grant) = pool.take(&st.spec.resources) else { continue };

@@ -343,6 +343,8 @@ pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, Spec
     Ok(Spec { path: path.to_path_buf(), dir, source, pipeline, vars, python, schedule, notify, stages })
 }
 
+// Called once per `--set`; the error is the spec's own diagnostic type, large for its spans.
+#[allow(clippy::result_large_err)]
 fn apply_override(root: &mut Node, arg: &str) -> Result<(), SpecError> {
     let bad = |reason: &str| SpecError::Override { arg: arg.to_string(), reason: reason.to_string() };
     let (key, value) = arg.split_once('=').ok_or_else(|| bad("expected KEY=VALUE"))?;
