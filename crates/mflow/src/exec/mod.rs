@@ -39,7 +39,9 @@ pub enum StageEnd {
     Failed { class: FailureClass, message: String },
 }
 
-const RECORD_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+/// How stale run.json may be while a run goes on: rewriting it costs time in proportion to the
+/// number of stages (a 1000-stage record is about 1 MB).
+const RECORD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct RunOutcome {
     pub record: RunRecord,
@@ -223,6 +225,10 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
         let mut from = 0;
         while let Some(i) = frontier.next(from) {
             from = i + 1;
+            // A stage known to need a slot has nothing to do until one is free.
+            if missed[i].is_some() && running_count >= jobs && !cancelled {
+                continue;
+            }
             let state = &frontier.ends;
             let st = &shared.plan.stages[i];
             let name = st.spec.name.as_str();
