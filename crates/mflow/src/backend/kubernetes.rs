@@ -40,8 +40,8 @@ pub mod render;
 use own_output::OwnOutput;
 
 use super::{Cancel, Job, Line, Outcome};
-use crate::plan::Plan;
 use crate::exec::retry::FailureClass;
+use crate::plan::Plan;
 use crate::spec::{Resources, Spec, StageSpec};
 use crate::stages::Kind;
 

@@ -108,15 +108,19 @@ impl Store {
                 return Lookup::Hit(m.clone());
             }
         }
-        // Another run may have committed the key again since this one read the log: a failed
-        // check is repeated with the newest manifest before the entry counts as corrupt.
-        match self.check(key, verify, false).or_else(|_| self.check(key, verify, true)) {
+        let checked = match self.check(key, verify, false) {
+            // No entry at all is a plain miss; checked after the fact, as hits are the common case.
+            Err(_) if !self.output_dir(key).exists() => return Lookup::Miss,
+            // Another run may have committed the key again since this one read the log: a
+            // failed check is repeated with the newest manifest before the entry counts as corrupt.
+            Err(_) => self.check(key, verify, true),
+            ok => ok,
+        };
+        match checked {
             Ok(m) => {
                 self.checked.lock().unwrap().insert(key.to_string(), m.clone());
                 Lookup::Hit(m)
             }
-            // No entry at all is a plain miss; checked after the fact, as hits are the common case.
-            Err(_) if !self.output_dir(key).exists() => Lookup::Miss,
             Err(reason) => {
                 let _ = self.remove(key);
                 Lookup::Corrupt(reason)
