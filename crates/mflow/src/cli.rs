@@ -201,7 +201,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Plan { spec, set, format, verify, backend } => {
             let (plan, store) = load_plan(&spec, &set, backend)?;
-            let last = record::last_keys(&plan.spec.workdir());
+            let last = record::LastKeys::open(&plan.spec.workdir());
             let mut decisions = plan::decide(&plan, &store, &last, &[], verify);
             if plan.spec.pipeline.backend == "kubernetes" {
                 cluster_cached(&plan.spec, &mut decisions);
@@ -215,7 +215,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
         Command::Why { spec, stage, set } => {
             let (plan, store) = load_plan(&spec, &set, None)?;
             let i = plan.index(&stage).ok_or_else(|| plan::PlanError::UnknownStage(stage.clone()))?;
-            let last = record::last_keys(&plan.spec.workdir());
+            let last = record::LastKeys::open(&plan.spec.workdir());
             let decisions = plan::decide(&plan, &store, &last, &[], false);
             let d = &decisions[i];
             let old = last.get(&stage);
@@ -297,7 +297,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
         Command::Output { spec, stage, set } => {
             let (plan, store) = load_plan(&spec, &set, None)?;
             let i = plan.index(&stage).ok_or_else(|| plan::PlanError::UnknownStage(stage.clone()))?;
-            let decisions = plan::decide(&plan, &store, &record::last_keys(&plan.spec.workdir()), &[], false);
+            let decisions = plan::decide(&plan, &store, &record::LastKeys::open(&plan.spec.workdir()), &[], false);
             match &decisions[i].decision {
                 plan::Decision::Cached { key } => {
                     println!("{}", store.output_dir(key).display());

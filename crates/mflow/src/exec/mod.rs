@@ -108,7 +108,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
     if !opts.overrides.is_empty() {
         let _ = std::fs::write(run_dir.join("overrides.txt"), opts.overrides.join("\n"));
     }
-    let last = record::last_keys(&workdir);
+    let last = record::LastKeys::open(&workdir);
     let mut decisions = crate::plan::decide(&plan, &store, &last, &opts.force, false);
     let _ = record::write_json(&run_dir.join("plan.json"), &decisions);
 
@@ -218,7 +218,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
     let mut frontier = frontier::Frontier::new(&shared.plan);
     let mut running_count = 0usize;
     let mut missed: Vec<Option<String>> = vec![None; n];
-    let mut keys: BTreeMap<String, KeyParts> = BTreeMap::new();
+    let mut keys: BTreeMap<String, (String, KeyParts)> = BTreeMap::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, StageEnd, pool::Grant)>();
     loop {
         let cancelled = *shared.cancel.borrow() != Cancel::None;
@@ -271,7 +271,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                             (parts.key(), parts)
                         }
                     };
-                    keys.insert(name.to_string(), parts);
+                    keys.insert(name.to_string(), (key.clone(), parts));
                     key
                 }
             };
@@ -356,7 +356,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
     let _ = record_writer.await;
     drop(done_tx);
 
-    record::save_last_keys(&workdir, last, &keys);
+    last.save(&keys);
     let mut rec = shared.record.lock().await.clone();
     let ends: Vec<&StageEnd> = frontier.ends.iter().flatten().collect();
     let cancelled = *shared.cancel.borrow() != Cancel::None;
@@ -378,13 +378,12 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
     Ok(RunOutcome { record: rec, run_dir })
 }
 
-fn write_lock(shared: &Shared, rec: &RunRecord, keys: BTreeMap<String, KeyParts>, overrides: &[String]) {
+fn write_lock(shared: &Shared, rec: &RunRecord, keys: BTreeMap<String, (String, KeyParts)>, overrides: &[String]) {
     let spec = &shared.plan.spec;
     let stages = keys
         .into_iter()
-        .map(|(name, parts)| {
+        .map(|(name, (key, parts))| {
             let sr = rec.stages.get(&name);
-            let key = sr.and_then(|s| s.key.clone()).unwrap_or_else(|| parts.key());
             let locked = record::LockedStage { kind: parts.kind.clone(), key, parts, output_digest: sr.and_then(|s| s.output_digest.clone()) };
             (name, locked)
         })

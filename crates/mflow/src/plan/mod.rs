@@ -95,7 +95,7 @@ pub fn build(mut spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
         let parts = KeyParts {
             kind: st.kind.name().to_string(),
             kind_version: st.kind.version(),
-            params,
+            params: std::sync::Arc::new(params),
             upstream: BTreeMap::new(),
             inputs,
             workload: crate::stages::workload_digest(st.kind),
@@ -217,7 +217,7 @@ pub struct StageDecision {
 }
 
 /// Decides every stage without running anything.
-pub fn decide(plan: &Plan, store: &Store, last: &BTreeMap<String, KeyParts>, force: &[String], verify: bool) -> Vec<StageDecision> {
+pub fn decide(plan: &Plan, store: &Store, last: &crate::record::LastKeys, force: &[String], verify: bool) -> Vec<StageDecision> {
     let mut digests: Vec<Option<String>> = vec![None; plan.stages.len()];
     let mut out = Vec::new();
     for (i, s) in plan.stages.iter().enumerate() {

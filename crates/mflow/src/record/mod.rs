@@ -120,14 +120,28 @@ pub fn new_run_id() -> String {
 /// new file, never a torn one. No fsync: records are rewritten several times a second, and
 /// only cache commits need to survive a power loss.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", fastrand::u32(..)));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    std::fs::rename(&tmp, path)
+    write_with(path, |w| w.write_all(bytes))
 }
 
+/// Streams `v` as JSON to `path` (atomically, as `write_atomic`) without building it in memory
+/// first: a record of a large run is megabytes.
 pub fn write_json<T: Serialize>(path: &Path, v: &T) -> std::io::Result<()> {
-    write_atomic(path, &serde_json::to_vec_pretty(v).map_err(std::io::Error::other)?)
+    write_with(path, |w| serde_json::to_writer_pretty(w, v).map_err(std::io::Error::other))
+}
+
+fn write_with(path: &Path, write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", fastrand::u32(..)));
+    let mut w = std::io::BufWriter::with_capacity(64 << 10, std::fs::File::create(&tmp)?);
+    let written = write(&mut w).and_then(|()| w.flush());
+    drop(w);
+    match written.and_then(|()| std::fs::rename(&tmp, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            // Nothing half-written stays behind.
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
 }
 
 pub fn runs_dir(workdir: &Path) -> PathBuf {
@@ -172,25 +186,46 @@ pub fn resolve(workdir: &Path, id: Option<&str>) -> Option<String> {
     }
 }
 
-/// The key parts each stage had when it last ran or was found cached.
-pub fn last_keys(workdir: &Path) -> BTreeMap<String, KeyParts> {
-    std::fs::read(workdir.join("state").join("keys.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+/// The key parts each stage had when it last ran or was found cached (`state/keys.json`, for
+/// `mflow why` and the reasons in a plan). They are read only when asked for: a no-op rerun
+/// compares its keys with `state/keys.index` (one `stage key` line each) and reads nothing else.
+pub struct LastKeys {
+    dir: PathBuf,
+    parts: std::sync::OnceLock<BTreeMap<String, KeyParts>>,
 }
 
-/// Merges this run's keys into `last` (as loaded at the start of the run) and writes them back,
-/// unless nothing changed: a no-op rerun writes nothing here.
-pub fn save_last_keys(workdir: &Path, mut last: BTreeMap<String, KeyParts>, keys: &BTreeMap<String, KeyParts>) {
-    let mut changed = false;
-    for (name, parts) in keys {
-        if last.get(name) != Some(parts) {
-            last.insert(name.clone(), parts.clone());
-            changed = true;
-        }
+impl LastKeys {
+    pub fn open(workdir: &Path) -> LastKeys {
+        LastKeys { dir: workdir.join("state"), parts: std::sync::OnceLock::new() }
     }
-    if changed {
-        let dir = workdir.join("state");
-        let _ = std::fs::create_dir_all(&dir);
-        let _ = write_json(&dir.join("keys.json"), &last);
+
+    pub fn get(&self, stage: &str) -> Option<&KeyParts> {
+        self.all().get(stage)
+    }
+
+    fn all(&self) -> &BTreeMap<String, KeyParts> {
+        self.parts.get_or_init(|| std::fs::read(self.dir.join("keys.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default())
+    }
+
+    /// Merges this run's keys (stage -> key and parts) into the saved ones, unless every stage
+    /// kept its key: a no-op rerun writes nothing here.
+    pub fn save(self, keys: &BTreeMap<String, (String, KeyParts)>) {
+        let index = std::fs::read_to_string(self.dir.join("keys.index")).unwrap_or_default();
+        let saved: std::collections::HashMap<&str, &str> = index.lines().filter_map(|l| l.split_once(' ')).collect();
+        if keys.iter().all(|(name, (key, _))| saved.get(name.as_str()) == Some(&key.as_str())) {
+            return;
+        }
+        self.all();
+        let mut all = self.parts.into_inner().unwrap_or_default();
+        for (name, (_, parts)) in keys {
+            all.insert(name.clone(), parts.clone());
+        }
+        let _ = std::fs::create_dir_all(&self.dir);
+        // keys.json first: an index older than it only causes one more merge.
+        if write_json(&self.dir.join("keys.json"), &all).is_ok() {
+            let index: String = all.iter().map(|(name, parts)| format!("{name} {}\n", parts.key())).collect();
+            let _ = write_atomic(&self.dir.join("keys.index"), index.as_bytes());
+        }
     }
 }
 
@@ -214,4 +249,71 @@ pub fn git_commit(dir: &Path) -> Option<String> {
         cur = d.parent();
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(salt: &str) -> KeyParts {
+        KeyParts {
+            kind: "command".into(),
+            kind_version: 1,
+            params: std::sync::Arc::new(serde_json::json!({"run": ["true"]})),
+            upstream: BTreeMap::new(),
+            inputs: BTreeMap::new(),
+            workload: String::new(),
+            environment: String::new(),
+            salt: salt.into(),
+        }
+    }
+
+    fn keyed(stages: &[(&str, &str)]) -> BTreeMap<String, (String, KeyParts)> {
+        stages.iter().map(|(name, salt)| (name.to_string(), (parts(salt).key(), parts(salt)))).collect()
+    }
+
+    #[test]
+    fn last_keys_are_merged_and_a_run_with_the_same_keys_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys_json = dir.path().join("state").join("keys.json");
+        LastKeys::open(dir.path()).save(&keyed(&[("a", ""), ("b", "")]));
+        assert_eq!(LastKeys::open(dir.path()).get("a"), Some(&parts("")));
+
+        // Same keys: keys.json is not read or written (removing it proves the second).
+        std::fs::remove_file(&keys_json).unwrap();
+        LastKeys::open(dir.path()).save(&keyed(&[("a", "")]));
+        assert!(!keys_json.exists());
+
+        // A changed key is merged with the stages this run did not touch.
+        LastKeys::open(dir.path()).save(&keyed(&[("a", "")]));
+        LastKeys::open(dir.path()).save(&keyed(&[("a", "x")]));
+        let last = LastKeys::open(dir.path());
+        assert_eq!(last.get("a"), Some(&parts("x")));
+        assert_eq!(last.get("b"), None, "b was lost with the removed keys.json, and not invented");
+        let index = std::fs::read_to_string(dir.path().join("state").join("keys.index")).unwrap();
+        assert_eq!(index, format!("a {}\n", parts("x").key()));
+    }
+
+    #[test]
+    fn a_missing_index_merges_again() {
+        let dir = tempfile::tempdir().unwrap();
+        LastKeys::open(dir.path()).save(&keyed(&[("a", ""), ("b", "")]));
+        std::fs::remove_file(dir.path().join("state").join("keys.index")).unwrap();
+        LastKeys::open(dir.path()).save(&keyed(&[("a", "")]));
+        let index = std::fs::read_to_string(dir.path().join("state").join("keys.index")).unwrap();
+        assert_eq!(index.lines().count(), 2);
+        assert_eq!(LastKeys::open(dir.path()).get("b"), Some(&parts("")));
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("sub");
+        std::fs::create_dir(&target).unwrap();
+        // Renaming a file over a non-empty directory fails after the temporary file was written.
+        std::fs::write(target.join("x"), b"").unwrap();
+        assert!(write_json(&target, &serde_json::json!({"a": 1})).is_err());
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("sub")]);
+    }
 }

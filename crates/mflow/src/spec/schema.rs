@@ -82,7 +82,7 @@ pub fn check_table(
         }
     }
     for field in fields {
-        if out.contains_key(field.name) {
+        if (!field.required && field.default.is_none()) || out.contains_key(field.name) {
             continue;
         }
         if field.required && !entries.iter().any(|(k, _)| k.name == field.name) {
@@ -94,10 +94,18 @@ pub fn check_table(
                 help: format!("add `{} = ...`: {}", field.name, field.doc),
             });
         } else if let Some(d) = field.default {
-            out.insert(field.name.to_string(), serde_json::from_str(d).expect("valid default"));
+            out.insert(field.name.to_string(), default_value(d));
         }
     }
     out
+}
+
+/// A field's default, parsed once per process: every stage of a large spec asks for the same few.
+fn default_value(d: &'static str) -> Json {
+    thread_local! {
+        static PARSED: std::cell::RefCell<std::collections::HashMap<&'static str, Json>> = Default::default();
+    }
+    PARSED.with(|p| p.borrow_mut().entry(d).or_insert_with(|| serde_json::from_str(d).expect("valid default")).clone())
 }
 
 fn wrong_type(src: &Src, node: &Node, key: &str, expected: &str) -> SpecError {
