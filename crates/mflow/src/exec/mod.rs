@@ -370,8 +370,11 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
     rec.finished = Some(record::now());
     let code = crate::exit::for_run(&rec);
     rec.exit_code = Some(code.code());
-    let _ = record::write_json(&run_dir.join("run.json"), &rec);
-    write_lock(&shared, &rec, keys, &opts.overrides);
+    // The two largest files of the record, written side by side.
+    std::thread::scope(|s| {
+        s.spawn(|| record::write_json(&run_dir.join("run.json"), &rec));
+        write_lock(&shared, &rec, keys, &opts.overrides);
+    });
     shared.display.lock().unwrap().finish();
     drop(shared);
     let _ = printer.await;

@@ -47,25 +47,34 @@ pub struct Attempt {
     pub checkpoint_iteration: Option<u64>,
 }
 
+/// What is not known (yet) is left out of run.json rather than written as null: a record of a
+/// large run is mostly stages that never started.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StageRecord {
     pub kind: String,
     pub status: StageStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_s: Option<f64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<Attempt>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gates: Vec<GateResult>,
     /// Selected contents of the stage's metrics.json / verification.json.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<Json>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verification: Option<Json>,
 }
 
