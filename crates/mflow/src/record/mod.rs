@@ -213,7 +213,7 @@ impl LastKeys {
     }
 
     fn all(&self) -> &BTreeMap<String, KeyParts> {
-        self.parts.get_or_init(|| std::fs::read(self.dir.join("keys.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default())
+        self.parts.get_or_init(|| load_keys(&self.dir))
     }
 
     /// Merges this run's keys (stage -> key and parts) into the saved ones, unless every stage
@@ -224,18 +224,22 @@ impl LastKeys {
         if keys.iter().all(|(name, (key, _))| saved.get(name.as_str()) == Some(&key.as_str())) {
             return;
         }
-        self.all();
-        let mut all = self.parts.into_inner().unwrap_or_default();
+        let LastKeys { dir, parts } = self;
+        let mut all = parts.into_inner().unwrap_or_else(|| load_keys(&dir));
         for (name, (_, parts)) in keys {
             all.insert(name.clone(), parts.clone());
         }
-        let _ = std::fs::create_dir_all(&self.dir);
+        let _ = std::fs::create_dir_all(&dir);
         // keys.json first: an index older than it only causes one more merge.
-        if write_json(&self.dir.join("keys.json"), &all).is_ok() {
+        if write_json(&dir.join("keys.json"), &all).is_ok() {
             let index: String = all.iter().map(|(name, parts)| format!("{name} {}\n", parts.key())).collect();
-            let _ = write_atomic(&self.dir.join("keys.index"), index.as_bytes());
+            let _ = write_atomic(&dir.join("keys.index"), index.as_bytes());
         }
     }
+}
+
+fn load_keys(dir: &Path) -> BTreeMap<String, KeyParts> {
+    std::fs::read(dir.join("keys.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
 }
 
 /// The commit of the git repository holding `dir`, if any (read from .git without running git).
