@@ -223,7 +223,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
             let digest = |d: usize| -> Option<String> {
                 let n = &plan.stages[d].spec.name;
                 match &decisions[d].decision {
-                    plan::Decision::Cached { key } => store.manifest(key).map(|m| m.digest),
+                    plan::Decision::Cached { key } => store.manifest(key).map(|m| m.digest.clone()),
                     _ => last.get(&stage).and_then(|o| o.upstream.get(n).cloned()),
                 }
             };
@@ -360,7 +360,7 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
     let env = Environment::detect(s.python.as_deref());
     let notify = s.notify.clone();
     let plan = plan::build(s, &env)?;
-    let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io(Path::new("tokio runtime"), e))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::io(Path::new("tokio runtime"), e))?;
     if args.dry_run {
         return dry_run(&plan, &rt);
     }

@@ -11,6 +11,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::Manifest;
 
@@ -24,7 +25,7 @@ struct Reader {
     file: File,
     ino: u64,
     read: u64,
-    known: HashMap<String, Manifest>,
+    known: HashMap<String, Arc<Manifest>>,
 }
 
 /// Keeps the shared lock of an append until the entry is in place.
@@ -43,7 +44,7 @@ impl Log {
 
     /// The newest manifest of `key` among the lines read so far, reading the log's new lines
     /// first when `key` is not among them (or when `fresh` asks for the newest state).
-    pub fn get(&mut self, key: &str, fresh: bool) -> io::Result<Option<Manifest>> {
+    pub fn get(&mut self, key: &str, fresh: bool) -> io::Result<Option<Arc<Manifest>>> {
         if !fresh {
             if let Some(m) = self.open.as_ref().and_then(|r| r.known.get(key)) {
                 return Ok(Some(m.clone()));
@@ -85,7 +86,7 @@ impl Log {
         for line in buf[..end].split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
             // A line that does not parse (a torn write before a crash) stands for no entry.
             if let Ok(m) = serde_json::from_slice::<Manifest>(line) {
-                r.known.insert(m.key.clone(), m);
+                r.known.insert(m.key.clone(), Arc::new(m));
             }
         }
         r.read += end as u64;
@@ -109,7 +110,7 @@ impl Log {
         }
         (&file).write_all(&line)?;
         if let Some(r) = self.open.as_mut() {
-            r.known.insert(m.key.clone(), m.clone());
+            r.known.insert(m.key.clone(), Arc::new(m.clone()));
         }
         Ok(AppendGuard { _file: file })
     }
@@ -122,7 +123,7 @@ impl Log {
         let Some(r) = self.open.take() else {
             return Ok(());
         };
-        let mut kept: Vec<&Manifest> = r.known.values().filter(|m| keep(&m.key)).collect();
+        let mut kept: Vec<&Manifest> = r.known.values().map(|m| &**m).filter(|m| keep(&m.key)).collect();
         kept.sort_by(|a, b| a.key.cmp(&b.key));
         let mut text = Vec::new();
         for m in kept {

@@ -58,7 +58,7 @@ impl Manifest {
 
 #[derive(Debug)]
 pub enum Lookup {
-    Hit(Manifest),
+    Hit(Arc<Manifest>),
     Miss,
     /// The entry exists but does not check out; it has been removed.
     Corrupt(String),
@@ -69,7 +69,7 @@ pub struct Store {
     root: PathBuf,
     /// Entries this process already found intact (fast check), so that planning and running
     /// check each entry once. Entries are immutable once committed; `remove` forgets them.
-    checked: Arc<Mutex<std::collections::HashMap<String, Manifest>>>,
+    checked: Arc<Mutex<std::collections::HashMap<String, Arc<Manifest>>>>,
     log: Arc<Mutex<manifests::Log>>,
 }
 
@@ -129,11 +129,11 @@ impl Store {
     }
 
     /// The manifest of a committed entry, without checking files.
-    pub fn manifest(&self, key: &str) -> Option<Manifest> {
+    pub fn manifest(&self, key: &str) -> Option<Arc<Manifest>> {
         self.log.lock().unwrap().get(key, false).ok().flatten()
     }
 
-    fn check(&self, key: &str, verify: bool, fresh: bool) -> Result<Manifest, String> {
+    fn check(&self, key: &str, verify: bool, fresh: bool) -> Result<Arc<Manifest>, String> {
         let m = self.log.lock().unwrap().get(key, fresh).map_err(|e| format!("cannot read the manifest log: {e}"))?;
         let m = m.ok_or("it has no manifest")?;
         if m.key != key {
@@ -176,7 +176,13 @@ impl Store {
     /// Records the manifest of `staging` and renames it into place. Call with the key's lock
     /// held.
     pub fn commit(&self, staging: &Path, key: &str, stage: &str) -> Result<Manifest, CacheError> {
-        let files = scan(staging)?;
+        self.commit_listed(Staged::list(staging)?, key, stage)
+    }
+
+    /// Hashes a listed output and commits it.
+    pub fn commit_listed(&self, staged: Staged, key: &str, stage: &str) -> Result<Manifest, CacheError> {
+        let staging = staged.dir.as_path();
+        let files = staged.hash()?;
         let manifest = Manifest { version: 1, key: key.to_string(), stage: stage.to_string(), digest: digest_of(&files), files };
         let dest = self.output_dir(key);
         if dest.exists() {
@@ -184,7 +190,7 @@ impl Store {
             // by a killed commit (the lookup removes it).
             if let Lookup::Hit(m) = self.lookup(key, false) {
                 let _ = fs::remove_dir_all(staging);
-                return Ok(m);
+                return Ok(Manifest::clone(&m));
             }
         }
         // No fsync per entry: it cost more than a small stage itself. A power loss can leave an
@@ -296,18 +302,41 @@ pub fn safe_join(base: &Path, rel: &str) -> Option<PathBuf> {
     Some(base.join(p))
 }
 
-fn scan(out: &Path) -> Result<Vec<FileEntry>, CacheError> {
-    let mut paths = Vec::new();
-    walk(out, out, &mut paths)?;
-    paths.sort();
-    let mut files = Vec::with_capacity(paths.len());
-    for rel in paths {
-        let full = out.join(&rel);
-        let size = fs::metadata(&full).map_err(io_err(&full))?.len();
-        let blake3 = hash_file(&full).map_err(io_err(&full))?;
-        files.push(FileEntry { path: rel, size, blake3 });
+/// A staged output's files and sizes, listed before anything is hashed, so that the caller
+/// can choose where the hashing runs.
+pub struct Staged {
+    dir: PathBuf,
+    files: Vec<(String, u64)>,
+}
+
+impl Staged {
+    pub fn list(dir: &Path) -> Result<Staged, CacheError> {
+        let mut paths = Vec::new();
+        walk(dir, dir, &mut paths)?;
+        paths.sort();
+        let mut files = Vec::with_capacity(paths.len());
+        for rel in paths {
+            let full = dir.join(&rel);
+            let size = fs::metadata(&full).map_err(io_err(&full))?.len();
+            files.push((rel, size));
+        }
+        Ok(Staged { dir: dir.to_path_buf(), files })
     }
-    Ok(files)
+
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|(_, size)| size).sum()
+    }
+
+    fn hash(&self) -> Result<Vec<FileEntry>, CacheError> {
+        self.files
+            .iter()
+            .map(|(rel, size)| {
+                let full = self.dir.join(rel);
+                let blake3 = hash_file(&full).map_err(io_err(&full))?;
+                Ok(FileEntry { path: rel.clone(), size: *size, blake3 })
+            })
+            .collect()
+    }
 }
 
 fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), CacheError> {
@@ -377,6 +406,24 @@ mod tests {
         let st = store.stage(key, "r").unwrap();
         fs::write(st.join("f"), text).unwrap();
         store.commit(&st, key, "s").unwrap()
+    }
+
+    #[test]
+    fn a_listed_output_knows_its_size_before_hashing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let _l = store.lock("k").unwrap();
+        let st = store.stage("k", "r").unwrap();
+        fs::create_dir_all(st.join("d")).unwrap();
+        fs::write(st.join("d/b"), vec![7u8; 5000]).unwrap();
+        fs::write(st.join("a"), b"abc").unwrap();
+        let staged = Staged::list(&st).unwrap();
+        assert_eq!(staged.bytes(), 5003);
+        let m = store.commit_listed(staged, "k", "s").unwrap();
+        let paths: Vec<_> = m.files.iter().map(|f| (f.path.as_str(), f.size)).collect();
+        assert_eq!(paths, [("a", 3), ("d/b", 5000)]);
+        assert_eq!(m.files[0].blake3, blake3::hash(b"abc").to_hex().to_string());
+        assert!(matches!(store.lookup("k", true), Lookup::Hit(h) if *h == m));
     }
 
     #[test]

@@ -298,7 +298,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
                                 shared.show(name, "failed", &format!("gate: {message}"));
                                 StageEnd::Failed { class: FailureClass::Gate, message }
                             }
-                            None => StageEnd::Done { digest: m.digest, output, cached: true },
+                            None => StageEnd::Done { digest: m.digest.clone(), output, cached: true },
                         };
                         frontier.end(i, end);
                         continue;

@@ -45,7 +45,7 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
             if let Some(message) = check_gates(sh, i, &output).await {
                 return fail(sh, &name, FailureClass::Gate, message).await;
             }
-            return StageEnd::Done { digest: m.digest, output, cached: true };
+            return StageEnd::Done { digest: m.digest.clone(), output, cached: true };
         }
     }
     // Created only when something is written there (a log line, a kind's config, the files the
@@ -172,7 +172,7 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
 
         match outcome {
             Outcome::Success => {
-                let manifest = match sh.store.commit(&staging, &key, &name) {
+                let manifest = match commit(&arc, &staging, &key, &name).await {
                     Ok(m) => m,
                     Err(e) => {
                         sh.store.discard(&staging);
@@ -224,6 +224,24 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
                 }
             }
         }
+    }
+}
+
+/// Outputs larger than this are hashed on a blocking thread: the runtime has one thread, and
+/// hashing there would stall every other stage's output pipes and timers. Smaller ones are
+/// hashed in place, because handing work to another thread and back costs more than a small
+/// stage itself.
+const INLINE_HASH_BYTES: u64 = 4 << 20;
+
+async fn commit(arc: &std::sync::Arc<Shared>, staging: &std::path::Path, key: &str, name: &str) -> Result<crate::cache::Manifest, crate::cache::CacheError> {
+    let staged = crate::cache::Staged::list(staging)?;
+    if staged.bytes() <= INLINE_HASH_BYTES {
+        return arc.store.commit_listed(staged, key, name);
+    }
+    let (sh, key, name) = (arc.clone(), key.to_string(), name.to_string());
+    match tokio::task::spawn_blocking(move || sh.store.commit_listed(staged, &key, &name)).await {
+        Ok(r) => r,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
 

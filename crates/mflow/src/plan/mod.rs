@@ -238,7 +238,7 @@ pub fn decide(plan: &Plan, store: &Store, last: &crate::record::LastKeys, force:
                 } else {
                     match store.lookup(&key, verify) {
                         Lookup::Hit(m) => {
-                            digests[i] = Some(m.digest);
+                            digests[i] = Some(m.digest.clone());
                             Decision::Cached { key: key.clone() }
                         }
                         Lookup::Corrupt(why) => run(format!("cache entry was corrupt ({why})")),

@@ -74,7 +74,7 @@ fn shape_all(
         let parts = plan.parts_with(i, &|d| digests[d].clone().or_else(|| Some(format!("pending:{}", keys[d])))).expect("every upstream digest is known or stands in");
         let key = parts.key();
         let provisional_on = st.deps.iter().find_map(|&d| if digests[d].is_none() { Some(plan.stages[d].spec.name.clone()) } else { pending[d].clone() });
-        let cached = store.manifest(&key).filter(|m| m.key == key).map(|m| m.digest);
+        let cached = store.manifest(&key).filter(|m| m.key == key).map(|m| m.digest.clone());
         keys.push(key.clone());
         digests[i] = cached.clone();
         pending[i] = provisional_on.clone();
