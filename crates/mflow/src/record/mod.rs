@@ -2,6 +2,8 @@
 //! state of every stage), mflow.lock (what makes the run reproducible) and per-stage logs,
 //! status and metrics.
 
+mod lines;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -120,8 +122,10 @@ pub fn now() -> String {
     jiff::Timestamp::now().round(jiff::Unit::Millisecond).unwrap_or(jiff::Timestamp::now()).to_string()
 }
 
+/// UTC, so that ids sort by start time across daylight-saving changes (and no time zone
+/// database is read).
 pub fn new_run_id() -> String {
-    let t = jiff::Zoned::now();
+    let t = jiff::Timestamp::now();
     format!("{}-{:02x}", t.strftime("%Y%m%d-%H%M%S-%3f"), fastrand::u8(..))
 }
 
@@ -135,7 +139,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Streams `v` as JSON to `path` (atomically, as `write_atomic`) without building it in memory
 /// first: a record of a large run is megabytes.
 pub fn write_json<T: Serialize>(path: &Path, v: &T) -> std::io::Result<()> {
-    write_with(path, |w| serde_json::to_writer_pretty(w, v).map_err(std::io::Error::other))
+    write_with(path, |w| v.serialize(&mut serde_json::Serializer::with_formatter(w, lines::Lines::default())).map_err(std::io::Error::other))
 }
 
 fn write_with(path: &Path, write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>) -> std::io::Result<()> {
