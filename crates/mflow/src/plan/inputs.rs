@@ -57,7 +57,8 @@ impl InputHasher {
         let mut out = BTreeMap::new();
         for pattern in patterns {
             let p = Path::new(pattern);
-            if !p.is_absolute() && escapes(&base.join(p), root) {
+            // `base` is inside `root`, so only a `..` can lead out of it.
+            if !p.is_absolute() && p.components().any(|c| c == Component::ParentDir) && escapes(&base.join(p), root) {
                 return Err(InputError::Escapes { stage: stage.into(), pattern: pattern.clone(), root: root.to_path_buf() });
             }
             let full = base.join(p);

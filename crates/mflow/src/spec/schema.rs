@@ -64,7 +64,6 @@ pub fn check_table(
         errors.push(wrong_type(src, node, table, "a table"));
         return out;
     };
-    let names: Vec<&str> = fields.iter().map(|f| f.name).collect();
     for (key, value) in entries {
         match fields.iter().find(|f| f.name == key.name) {
             None => errors.push(SpecError::UnknownKey {
@@ -72,7 +71,7 @@ pub fn check_table(
                 span: to_span(key.origin.span()),
                 key: key.name.clone(),
                 table: table.to_string(),
-                help: did_you_mean(&key.name, &names, "keys"),
+                help: did_you_mean(&key.name, &fields.iter().map(|f| f.name).collect::<Vec<_>>(), "keys"),
             }),
             Some(field) => {
                 if let Some(v) = check_value(src, value, field, &format!("{table}.{}", key.name), errors) {
