@@ -6,7 +6,7 @@ Every stage n reads its own source file src/n.txt and the outputs of its upstrea
 concatenates them into its output, appends its name, and appends its name to exec.log (so the
 number of executed stages can be counted the same way for every engine).
 
-usage: gen.py SHAPE DIR [--dvc]      SHAPE: chain | fan | random
+usage: gen.py SHAPE DIR [--dvc]      SHAPE: chain | fan | random | tree
 """
 import json
 import os
@@ -32,15 +32,24 @@ def dag(shape):
         for i in range(1, 1000):
             k = rng.randint(1, min(3, i))
             deps[i] = sorted(rng.sample(range(i), k))
+    elif shape == "tree":
+        # A binary reduction tree: 512 leaves merged pairwise down to one root (1023 stages,
+        # wide at the bottom, 10 levels deep). Numbered leaves first, so that every stage
+        # comes after the two it reads.
+        n = 1023
+        deps = {}
+        for j in range(n):
+            h = n - 1 - j  # heap index: the root is 0, the children of h are 2h+1 and 2h+2
+            deps[j] = sorted(n - 1 - c for c in (2 * h + 1, 2 * h + 2) if c < n)
     else:
-        raise SystemExit(f"unknown shape {shape!r}: use chain, fan or random")
+        raise SystemExit(f"unknown shape {shape!r}: use chain, fan, random or tree")
     names = {i: f"s{i:04d}" for i in deps}
     return [names[i] for i in sorted(deps)], {names[i]: [names[d] for d in ds] for i, ds in deps.items()}
 
 
 def middle(shape, names):
     # The stage whose source changes in the "change one middle stage" measurement.
-    return {"chain": "s0050", "fan": "s0250", "random": "s0500"}[shape]
+    return {"chain": "s0050", "fan": "s0250", "random": "s0500", "tree": "s0100"}[shape]
 
 
 def downstream(names, deps, start):
@@ -69,8 +78,8 @@ def main():
     os.makedirs(os.path.join(root, "src"), exist_ok=True)
     for n in names:
         write(os.path.join(root, "src", f"{n}.txt"), f"source of {n}\n")
-    sinks = [n for n in names if not any(n in deps[m] for m in names)] if shape == "random" else [names[-1]]
-    if shape == "random":
+    sinks = [names[-1]]
+    if shape in ("random", "tree"):
         used = {d for ds in deps.values() for d in ds}
         sinks = [n for n in names if n not in used]
     mid = middle(shape, names)

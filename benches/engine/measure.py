@@ -4,7 +4,7 @@ gen.py writes, side by side in one invocation (engines alternate within every re
 
 usage: measure.py WORK_DIR RESULTS_JSON
 environment: MFLOW (binary, required), SNAKEMAKE, DVC (optional executables), SHAPES
-(default "chain fan random"), REPS (default 3), SLOW_COLD_REPS (Snakemake cold runs of the fan
+(default "chain fan random tree"), REPS (default 3), SLOW_COLD_REPS (Snakemake cold runs of the fan
 and random shapes, default 1), DVC_TIMEOUT (seconds per DVC command, default 300).
 """
 import json
@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MFLOW = os.environ["MFLOW"]
 SNAKEMAKE = os.environ.get("SNAKEMAKE")
 DVC = os.environ.get("DVC")
-SHAPES = os.environ.get("SHAPES", "chain fan random").split()
+SHAPES = os.environ.get("SHAPES", "chain fan random tree").split()
 REPS = int(os.environ.get("REPS", "3"))
 SLOW_COLD_REPS = int(os.environ.get("SLOW_COLD_REPS", "1"))
 DVC_TIMEOUT = int(os.environ.get("DVC_TIMEOUT", "300"))

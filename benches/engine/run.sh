@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Engine overhead: mflow against a plain shell script, make, ninja, Snakemake and DVC on three
-# synthetic DAGs (chain of 100, fan 1 -> 500 -> 1, random DAG of 1000). See docs/benchmarks.md.
+# Engine overhead: mflow against a plain shell script, make, ninja, Snakemake and DVC on four
+# synthetic DAGs (chain of 100, fan 1 -> 500 -> 1, random DAG of 1000, binary tree of 1023). See
+# docs/benchmarks.md.
 #
 # usage: benches/engine/run.sh WORK_DIR
 # environment: MFLOW (default: target/release/mflow), SNAKEMAKE, DVC (executables; the engine is
