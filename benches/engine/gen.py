@@ -78,10 +78,8 @@ def main():
     os.makedirs(os.path.join(root, "src"), exist_ok=True)
     for n in names:
         write(os.path.join(root, "src", f"{n}.txt"), f"source of {n}\n")
-    sinks = [names[-1]]
-    if shape in ("random", "tree"):
-        used = {d for ds in deps.values() for d in ds}
-        sinks = [n for n in names if n not in used]
+    used = {d for ds in deps.values() for d in ds}
+    sinks = [n for n in names if n not in used]
     mid = middle(shape, names)
     write(os.path.join(root, "dag.json"), json.dumps({"deps": deps, "middle": mid,
           "middle_downstream": len(downstream(names, deps, mid)), "stages": len(names)}))

@@ -4,8 +4,8 @@ gen.py writes, side by side in one invocation (engines alternate within every re
 
 usage: measure.py WORK_DIR RESULTS_JSON
 environment: MFLOW (binary, required), SNAKEMAKE, DVC (optional executables), SHAPES
-(default "chain fan random tree"), REPS (default 3), SLOW_COLD_REPS (Snakemake cold runs of the fan
-and random shapes, default 1), DVC_TIMEOUT (seconds per DVC command, default 300).
+(default "chain fan random tree"), REPS (default 3), SLOW_COLD_REPS (Snakemake cold runs of every
+shape but the chain, default 1), DVC_TIMEOUT (seconds per DVC command, default 300).
 """
 import json
 import os
