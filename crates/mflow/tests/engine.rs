@@ -382,3 +382,45 @@ fn logs_and_status_show_a_run() {
     let o = p.mflow(&["status"]);
     assert!(common::stdout(&o).contains("(2 attempts)"), "{}", common::stdout(&o));
 }
+
+/// A spec that passed its checks is not checked again while it, its overrides and the binary
+/// stay the same; any edit is checked (and a mistake reported) as before.
+#[test]
+fn an_unchanged_spec_is_not_checked_again() {
+    let p = project(&diamond());
+    let home = tempfile::tempdir().unwrap();
+    let validate = |extra: &[&str]| {
+        let mut args = vec!["validate", "spec.toml"];
+        args.extend_from_slice(extra);
+        p.cmd(&args).env("MFLOW_HOME", home.path()).env("RUST_LOG", "mflow::spec=debug").output().unwrap()
+    };
+    let reused = |o: &std::process::Output| stderr(o).contains("spec unchanged since it was last checked");
+
+    let first = validate(&[]);
+    assert_eq!(code(&first), 0, "{}", stderr(&first));
+    assert!(!reused(&first));
+    assert_eq!(std::fs::read_dir(home.path().join("specs")).unwrap().count(), 1);
+    assert!(reused(&validate(&[])));
+
+    // Another override is another spec.
+    let set = validate(&["--set", "vars.v_a=2"]);
+    assert_eq!(code(&set), 0, "{}", stderr(&set));
+    assert!(!reused(&set));
+
+    // An edit is checked: the mistake is reported, and nothing stale is used.
+    p.write_spec(&diamond().replace("needs = [\"a\"]", "neds = [\"a\"]"));
+    let bad = validate(&[]);
+    assert_ne!(code(&bad), 0);
+    assert!(stderr(&bad).contains("unknown key `neds`"), "{}", stderr(&bad));
+
+    // A damaged stored form is passed over and replaced.
+    p.write_spec(&diamond());
+    let stored = std::fs::read_dir(home.path().join("specs")).unwrap().next().unwrap().unwrap().path();
+    assert_eq!(code(&validate(&[])), 0);
+    let text = std::fs::read_to_string(&stored).unwrap();
+    std::fs::write(&stored, &text[..text.len() / 2]).unwrap();
+    let damaged = validate(&[]);
+    assert_eq!(code(&damaged), 0, "{}", stderr(&damaged));
+    assert!(!reused(&damaged));
+    assert!(reused(&validate(&[])));
+}

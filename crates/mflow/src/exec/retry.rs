@@ -27,6 +27,12 @@ impl Default for RetryPolicy {
     }
 }
 
+impl RetryPolicy {
+    pub fn is_default(&self) -> bool {
+        *self == RetryPolicy::default()
+    }
+}
+
 /// What the executor should do after a failed attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {

@@ -1,6 +1,7 @@
 //! The spec: TOML text -> validated, interpolated [`Spec`]. Every problem becomes a
 //! [`SpecError`] pointing at its place in the file.
 
+mod checked;
 pub mod error;
 mod interp;
 pub mod schema;
@@ -23,11 +24,12 @@ use tree::{Node, Origin, Val};
 use crate::exec::retry::{FailureClass, RetryPolicy};
 use crate::stages::{fields, Kind};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Spec {
     pub path: PathBuf,
     /// The spec's directory: relative paths in the spec start here.
     pub dir: PathBuf,
+    #[serde(skip)]
     pub source: Arc<str>,
     pub pipeline: Pipeline,
     pub vars: Map<String, Json>,
@@ -38,7 +40,7 @@ pub struct Spec {
     pub stages: Vec<StageSpec>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Pipeline {
     pub name: String,
     pub description: Option<String>,
@@ -55,7 +57,7 @@ pub struct Resources {
     pub memory: Option<String>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct StageSpec {
     pub name: String,
     pub kind: Kind,
@@ -64,15 +66,23 @@ pub struct StageSpec {
     /// Explicit and implicit dependencies, sorted.
     pub needs: Vec<String>,
     pub inputs: Vec<String>,
+    // The checked form leaves out what most stages leave unset.
+    #[serde(default, skip_serializing_if = "RetryPolicy::is_default")]
     pub retries: RetryPolicy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
     pub resources: Resources,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     pub cache: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub salt: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub gates: BTreeMap<String, String>,
     pub nodes: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
 }
 
@@ -92,13 +102,33 @@ impl Spec {
 
 const TOP: &[&str] = &["pipeline", "vars", "env", "stages", "schedule", "notify"];
 
-/// Reads and validates a spec. `overrides` are `--set key=value` arguments.
+/// Reads and validates a spec. `overrides` are `--set key=value` arguments. A spec that passed
+/// before, unchanged and with the same overrides, is not checked again (see [`checked`]).
 pub fn load(path: &Path, overrides: &[String]) -> Result<Spec, SpecErrors> {
     let text = std::fs::read_to_string(path).map_err(|source| SpecErrors {
         path: path.display().to_string(),
         errors: vec![SpecError::Io { path: path.to_path_buf(), source }],
     })?;
-    parse(path, &text, overrides)
+    let dir = spec_dir(path);
+    let key = checked::key(path, &dir, &text, overrides);
+    if let Some(key) = &key {
+        if let Some(spec) = checked::read(&dir, path, key) {
+            tracing::debug!(spec = %path.display(), "spec unchanged since it was last checked");
+            return Ok(Spec { source: Arc::from(text), ..spec });
+        }
+    }
+    let spec = parse(path, &text, overrides)?;
+    if let Some(key) = &key {
+        checked::write(&dir, path, key, &spec);
+    }
+    Ok(spec)
+}
+
+/// The spec's directory, canonical where it can be.
+fn spec_dir(path: &Path) -> PathBuf {
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let dir = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir };
+    std::fs::canonicalize(&dir).unwrap_or(dir)
 }
 
 pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, SpecErrors> {
@@ -130,9 +160,7 @@ pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, Spec
         }
     }
 
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let dir = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir };
-    let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+    let dir = spec_dir(path);
 
     // [vars]
     let mut var_nodes: BTreeMap<String, Node> = BTreeMap::new();
