@@ -359,7 +359,10 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
     }
     let env = Environment::detect(s.python.as_deref());
     let notify = s.notify.clone();
+    let store = crate::cache::Store::open(&s.workdir())?;
+    store.read_ahead();
     let plan = plan::build(s, &env)?;
+    tracing::debug!(stages = plan.stages.len(), "planned");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::io(Path::new("tokio runtime"), e))?;
     if args.dry_run {
         return dry_run(&plan, &rt);
@@ -374,7 +377,7 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
             return Ok(code);
         }
     };
-    let outcome = rt.block_on(crate::exec::run_on(plan, env, opts, backend))?;
+    let outcome = rt.block_on(crate::exec::run_on(plan, store, env, opts, backend))?;
     let r = &outcome.record;
     let count = |st: StageStatus| r.stages.values().filter(|s| s.status == st).count();
     eprintln!(

@@ -14,6 +14,7 @@ fn main() {
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).without_time().init();
     }
+    tracing::debug!("started");
     let code = match mflow::cli::main(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -22,5 +23,16 @@ fn main() {
             code
         }
     };
-    std::process::exit(code.code());
+    tracing::debug!("done");
+    exit(code.code())
+}
+
+/// Ends the process without the allocator's teardown: the kernel frees the heap at once, while
+/// mimalloc's exit handler walked and returned every page first (7% of a large no-op run).
+fn exit(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: nothing is left to run; both standard streams are flushed above.
+    unsafe { libc::_exit(code) }
 }

@@ -55,7 +55,7 @@ impl Log {
     }
 
     /// Reads what was appended since the last read; starts over after a compaction.
-    fn refresh(&mut self) -> io::Result<()> {
+    pub fn refresh(&mut self) -> io::Result<()> {
         let ino = match fs::metadata(&self.path) {
             Ok(m) => m.ino(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {

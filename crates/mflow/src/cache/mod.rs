@@ -96,6 +96,15 @@ impl Store {
         &self.root
     }
 
+    /// Reads the manifest log on another thread while the caller plans: the first lookup then
+    /// finds it read (or waits for the rest).
+    pub fn read_ahead(&self) {
+        let log = self.log.clone();
+        std::thread::spawn(move || {
+            let _ = log.lock().unwrap().refresh();
+        });
+    }
+
     /// The committed entry of `key`: the stage's output directory.
     pub fn output_dir(&self, key: &str) -> PathBuf {
         self.root.join(key)

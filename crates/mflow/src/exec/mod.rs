@@ -93,14 +93,14 @@ impl Shared {
 pub async fn run(mut plan: Plan, env: Environment, opts: Options) -> Result<RunOutcome, crate::Error> {
     crate::backend::choose(&mut plan.spec, None);
     let backend = crate::backend::Backend::for_plan(&plan).await.map_err(|e| crate::Error::usage(e.to_string(), e.explain()))?;
-    run_on(plan, env, opts, backend).await
+    let store = Store::open(&plan.spec.workdir())?;
+    run_on(plan, store, env, opts, backend).await
 }
 
 /// Runs the plan on a backend that is already connected and checked.
-pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: crate::backend::Backend) -> Result<RunOutcome, crate::Error> {
+pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Options, backend: crate::backend::Backend) -> Result<RunOutcome, crate::Error> {
     crate::backend::choose(&mut plan.spec, None);
     let workdir = plan.spec.workdir();
-    let store = Store::open(&workdir)?;
     let run_id = record::new_run_id();
     let run_dir = record::runs_dir(&workdir).join(&run_id);
     std::fs::create_dir_all(run_dir.join("stages")).map_err(|e| crate::Error::io(&run_dir, e))?;
@@ -110,6 +110,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
     }
     let last = record::LastKeys::open(&workdir);
     let mut decisions = crate::plan::decide(&plan, &store, &last, &opts.force, false);
+    tracing::debug!("decided");
     let _ = record::write_json(&run_dir.join("plan.json"), &decisions);
 
     let names: Vec<String> = plan.stages.iter().map(|s| s.spec.name.clone()).collect();
@@ -150,6 +151,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
         order: names.clone(),
     };
     let _ = record::write_json(&run_dir.join("run.json"), &rec);
+    tracing::debug!("run record started");
 
     let (cancel_tx, cancel_rx) = watch::channel(Cancel::None);
     let (line_tx, mut line_rx) = mpsc::unbounded_channel::<Line>();
@@ -351,6 +353,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
         running_count -= 1;
         frontier.end(i, end);
     }
+    tracing::debug!("every stage ended");
     signals.abort();
     record_writer.abort();
     let _ = record_writer.await;
@@ -375,6 +378,7 @@ pub async fn run_on(mut plan: Plan, env: Environment, opts: Options, backend: cr
         s.spawn(|| record::write_json(&run_dir.join("run.json"), &rec));
         write_lock(&shared, &rec, keys, &opts.overrides);
     });
+    tracing::debug!("run record written");
     shared.display.lock().unwrap().finish();
     drop(shared);
     let _ = printer.await;
