@@ -111,7 +111,6 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
     let last = record::LastKeys::open(&workdir);
     let mut decisions = crate::plan::decide(&plan, &store, &last, &opts.force, false);
     tracing::debug!("decided");
-    let _ = record::write_json(&run_dir.join("plan.json"), &decisions);
 
     let names: Vec<String> = plan.stages.iter().map(|s| s.spec.name.clone()).collect();
     let stages = plan
@@ -150,7 +149,11 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
         stages,
         order: names.clone(),
     };
-    let _ = record::write_json(&run_dir.join("run.json"), &rec);
+    // The plan and the first run record, written side by side.
+    std::thread::scope(|s| {
+        s.spawn(|| record::write_json(&run_dir.join("plan.json"), &decisions));
+        let _ = record::write_json(&run_dir.join("run.json"), &rec);
+    });
     tracing::debug!("run record started");
 
     let (cancel_tx, cancel_rx) = watch::channel(Cancel::None);
@@ -360,7 +363,12 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
     drop(done_tx);
 
     last.save(&keys);
-    let mut rec = shared.record.lock().await.clone();
+    // Every stage has ended: the stage records are taken, not copied (1000s of them).
+    let mut rec = {
+        let mut shared_rec = shared.record.lock().await;
+        let stages = std::mem::take(&mut shared_rec.stages);
+        RunRecord { stages, ..shared_rec.clone() }
+    };
     let ends: Vec<&StageEnd> = frontier.ends.iter().flatten().collect();
     let cancelled = *shared.cancel.borrow() != Cancel::None;
     rec.status = if cancelled {
