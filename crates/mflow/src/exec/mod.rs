@@ -281,7 +281,14 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
                 }
             };
             if st.spec.cache && !forced && missed[i].is_none() {
-                match shared.store.lookup(&key, shared.verify) {
+                let lookup = if shared.verify {
+                    // A rehash reads the whole entry: off this thread, so that running stages' pipes drain.
+                    let (sh, k) = (shared.clone(), key.clone());
+                    tokio::task::spawn_blocking(move || sh.store.lookup(&k, true)).await.expect("the lookup does not panic")
+                } else {
+                    shared.store.lookup(&key, false)
+                };
+                match lookup {
                     Lookup::Hit(m) => {
                         let output = shared.store.output_dir(&key);
                         shared
