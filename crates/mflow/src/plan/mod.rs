@@ -70,28 +70,38 @@ impl Plan {
 
 pub fn build(mut spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
     let root = project_root(&spec.dir);
-    let hasher = InputHasher::open(&spec.workdir());
     // The planned stages own the stage specs from here on (a large spec is not copied).
     let mut stage_specs = std::mem::take(&mut spec.stages);
     insert_reshards(&mut stage_specs);
     checks::check(&stage_specs)?;
     let order = topo_order(&stage_specs);
     let position: BTreeMap<String, usize> = order.iter().enumerate().map(|(pos, &i)| (stage_specs[i].name.clone(), pos)).collect();
+    // Input files are stat-ed (and hashed when new) on a second thread while parameters resolve.
+    let (params, inputs) = std::thread::scope(|s| {
+        let inputs = s.spawn(|| {
+            let hasher = InputHasher::open(&spec.workdir());
+            let digests: Vec<_> = order
+                .iter()
+                .map(|&i| {
+                    let st = &stage_specs[i];
+                    let mut patterns = st.inputs.clone();
+                    patterns.extend(crate::stages::external_inputs(st));
+                    hasher.digest(&st.name, &spec.dir, &root, &patterns)
+                })
+                .collect();
+            hasher.save();
+            digests
+        });
+        let params: Vec<_> = order.iter().map(|&i| stage_params(&spec, &stage_specs[i], env)).collect();
+        (params, inputs.join().expect("input hashing does not panic"))
+    });
     let mut stages = Vec::new();
     let mut stage_specs: Vec<Option<StageSpec>> = stage_specs.into_iter().map(Some).collect();
-    for &i in &order {
+    for ((&i, params), inputs) in order.iter().zip(params).zip(inputs) {
         let owned = stage_specs[i].take().expect("each stage once in the order");
         let st = &owned;
-        let params = crate::stages::resolve_params(st, crate::backend::stage_gpus(&spec, st, env)).map_err(|(message, help)| PlanError::Invalid { stage: st.name.clone(), message, help })?;
-        let mut params = params;
-        if let Some(src) = params.get("source").and_then(Json::as_str).filter(|s| s.starts_with("hf://")) {
-            // The Hub's commit, not the name, identifies the weights.
-            let sha = mflow_ckpt::resolve_hf_revision(src).map_err(|e| PlanError::Invalid { stage: st.name.clone(), message: format!("cannot resolve {src}: {e}"), help: "check the network, HF_ENDPOINT and HF_TOKEN; or pin the revision to a commit sha".into() })?;
-            params["revision_sha"] = json!(sha);
-        }
-        let mut input_patterns = st.inputs.clone();
-        input_patterns.extend(crate::stages::external_inputs(st));
-        let inputs = hasher.digest(&st.name, &spec.dir, &root, &input_patterns)?;
+        let params = params?;
+        let inputs = inputs?;
         let parts = KeyParts {
             kind: st.kind.name().to_string(),
             kind_version: st.kind.version(),
@@ -111,8 +121,20 @@ pub fn build(mut spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
         }
         stages.push(PlannedStage { spec: spec_of_stage, deps, parts, inserted });
     }
-    hasher.save();
     Ok(Plan { spec, stages, root })
+}
+
+/// A stage's parameters as they enter its key.
+fn stage_params(spec: &Spec, st: &StageSpec, env: &Environment) -> Result<Json, PlanError> {
+    let invalid = |message: String, help: String| PlanError::Invalid { stage: st.name.clone(), message, help };
+    let mut params = crate::stages::resolve_params(st, crate::backend::stage_gpus(spec, st, env)).map_err(|(message, help)| invalid(message, help))?;
+    if let Some(src) = params.get("source").and_then(Json::as_str).filter(|s| s.starts_with("hf://")) {
+        // The Hub's commit, not the name, identifies the weights.
+        let sha = mflow_ckpt::resolve_hf_revision(src)
+            .map_err(|e| invalid(format!("cannot resolve {src}: {e}"), "check the network, HF_ENDPOINT and HF_TOKEN; or pin the revision to a commit sha".into()))?;
+        params["revision_sha"] = json!(sha);
+    }
+    Ok(params)
 }
 
 const RESHARD_NOTE: &str = "inserted by mflow: reshard for evaluation";
