@@ -421,14 +421,23 @@ mod tests {
         }
     }
 
+    /// A staging directory of `key` holding `files`, with the key's lock.
+    fn stage_files(store: &Store, key: &str, files: &[(&str, &[u8])]) -> (KeyLock, PathBuf) {
+        let lock = store.lock(key).unwrap();
+        let st = store.stage(key, "r").unwrap();
+        for (path, bytes) in files {
+            let p = st.join(path);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, bytes).unwrap();
+        }
+        (lock, st)
+    }
+
     #[test]
     fn commit_then_hit_then_corruption_is_a_miss() {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(tmp.path()).unwrap();
-        let _l = store.lock("k1").unwrap();
-        let st = store.stage("k1", "r1").unwrap();
-        fs::create_dir_all(st.join("sub")).unwrap();
-        fs::write(st.join("sub/a.txt"), b"hello").unwrap();
+        let (_l, st) = stage_files(&store, "k1", &[("sub/a.txt", b"hello")]);
         let m = store.commit(&st, "k1", "s").unwrap();
         assert_eq!(m.files.len(), 1);
         assert!(matches!(store.lookup("k1", true), Lookup::Hit(_)));
@@ -440,9 +449,7 @@ mod tests {
     }
 
     fn commit_file(store: &Store, key: &str, text: &str) -> Manifest {
-        let _l = store.lock(key).unwrap();
-        let st = store.stage(key, "r").unwrap();
-        fs::write(st.join("f"), text).unwrap();
+        let (_l, st) = stage_files(store, key, &[("f", text.as_bytes())]);
         store.commit(&st, key, "s").unwrap()
     }
 
@@ -450,11 +457,7 @@ mod tests {
     fn a_listed_output_knows_its_size_before_hashing() {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(tmp.path()).unwrap();
-        let _l = store.lock("k").unwrap();
-        let st = store.stage("k", "r").unwrap();
-        fs::create_dir_all(st.join("d")).unwrap();
-        fs::write(st.join("d/b"), vec![7u8; 5000]).unwrap();
-        fs::write(st.join("a"), b"abc").unwrap();
+        let (_l, st) = stage_files(&store, "k", &[("d/b", &[7u8; 5000]), ("a", b"abc")]);
         let staged = Staged::list(&st).unwrap();
         assert_eq!(staged.bytes(), 5003);
         let m = store.commit_listed(staged, "k", "s").unwrap();

@@ -117,7 +117,7 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<Spec, SpecErrors> {
             return Ok(Spec { source: Arc::from(text), ..spec });
         }
     }
-    let spec = parse(path, &text, overrides)?;
+    let spec = parse_in(path, dir.clone(), &text, overrides)?;
     if let Some(key) = &key {
         checked::write(&dir, path, key, &spec);
     }
@@ -132,6 +132,11 @@ fn spec_dir(path: &Path) -> PathBuf {
 }
 
 pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, SpecErrors> {
+    parse_in(path, spec_dir(path), text, overrides)
+}
+
+/// `parse`, with the spec's directory already found.
+fn parse_in(path: &Path, dir: PathBuf, text: &str, overrides: &[String]) -> Result<Spec, SpecErrors> {
     let source: Arc<str> = Arc::from(text);
     let src: Src = NamedSource::new(path.display().to_string(), source.clone());
     let fail = |errors: Vec<SpecError>| SpecErrors { path: path.display().to_string(), errors };
@@ -159,8 +164,6 @@ pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, Spec
             });
         }
     }
-
-    let dir = spec_dir(path);
 
     // [vars]
     let mut var_nodes: BTreeMap<String, Node> = BTreeMap::new();
