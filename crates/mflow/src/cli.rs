@@ -350,6 +350,12 @@ fn load_plan(path: &Path, set: &[String], backend: Option<BackendChoice>) -> Res
 }
 
 fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
+    // What a run reads whatever its spec says (the default workdir's manifest log and input
+    // stat cache) is read while the spec loads; nothing is written before the spec is checked.
+    let ahead = {
+        let workdir = spec::default_workdir(&args.spec);
+        std::thread::spawn(move || (crate::cache::LogRead::read(&workdir), plan::inputs::KnownInputs::read(&workdir)))
+    };
     let mut s = spec::load(&args.spec, &args.set)?;
     crate::backend::choose(&mut s, args.backend.map(BackendChoice::name));
     for f in &args.force {
@@ -360,8 +366,11 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
     let env = Environment::detect(s.python.as_deref());
     let notify = s.notify.clone();
     let store = crate::cache::Store::open(&s.workdir())?;
-    store.read_ahead();
-    let plan = plan::build(s, &env)?;
+    let (log, known) = ahead.join().expect("reading ahead does not panic");
+    if !store.adopt(log) {
+        store.read_ahead();
+    }
+    let plan = plan::build_with(s, &env, Some(known))?;
     tracing::debug!(stages = plan.stages.len(), "planned");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::io(Path::new("tokio runtime"), e))?;
     if args.dry_run {

@@ -373,6 +373,41 @@ run = ["sh", "-c", "echo x >> ../count; cat data/*.txt > $MFLOW_OUTPUT/all"]
     assert_eq!(count.lines().count(), 2);
 }
 
+/// What a run reads before its spec is checked comes from the default workdir; a spec that
+/// names its own must be planned from that one alone.
+#[test]
+fn a_spec_with_its_own_workdir_is_planned_from_it() {
+    let spec = r#"
+[pipeline]
+name = "own"
+workdir = "state-here"
+[stages.read]
+kind = "command"
+inputs = ["a.txt"]
+run = ["sh", "-c", "echo x >> ../count; cat a.txt > $MFLOW_OUTPUT/all"]
+[stages.after]
+kind = "command"
+needs = ["read"]
+run = ["sh", "-c", "echo y >> ../count; cp $MFLOW_INPUT_READ/all $MFLOW_OUTPUT/"]
+"#;
+    let p = project(spec);
+    std::fs::write(p.path().join("a.txt"), "one").unwrap();
+    assert_eq!(code(&p.mflow(&["run", "spec.toml"])), 0);
+    // A default workdir with other state is not read.
+    std::fs::create_dir_all(p.path().join(".mflow/cache")).unwrap();
+    std::fs::create_dir_all(p.path().join(".mflow/state")).unwrap();
+    std::fs::write(p.path().join(".mflow/cache/.manifests.jsonl"), "{\"not\": \"a manifest\"}\n").unwrap();
+    std::fs::write(p.path().join(".mflow/state/inputs.json"), "{}").unwrap();
+    assert_eq!(code(&p.mflow(&["run", "spec.toml"])), 0);
+    let count = || std::fs::read_to_string(p.path().join("../count")).unwrap().lines().count();
+    assert_eq!(count(), 2, "the second run executed stages");
+    std::fs::write(p.path().join("a.txt"), "two").unwrap();
+    assert_eq!(code(&p.mflow(&["run", "spec.toml"])), 0);
+    assert_eq!(count(), 4, "a changed input reruns its stage and the one after");
+    assert!(p.path().join("state-here/runs").is_dir());
+    assert!(!p.path().join(".mflow/runs").exists());
+}
+
 #[test]
 fn logs_and_status_show_a_run() {
     let p = project(&flaky(2, "\"user\"", 1));

@@ -16,8 +16,8 @@ pub struct KeyParts {
     pub params: Arc<Json>,
     /// Upstream stage name -> digest of its committed output.
     pub upstream: BTreeMap<String, String>,
-    /// Input file (relative to the spec) -> content digest.
-    pub inputs: BTreeMap<String, String>,
+    /// Input file (relative to the spec) -> content digest. Shared, as `params` is.
+    pub inputs: Arc<BTreeMap<String, String>>,
     /// Digest of the workload code the stage runs.
     pub workload: String,
     /// Digest of the environment (Python lock, tool versions).
@@ -27,6 +27,11 @@ pub struct KeyParts {
 
 impl KeyParts {
     pub fn key(&self) -> String {
+        self.key_given(&canonical(&self.params))
+    }
+
+    /// The key, given `canonical(&self.params)` (planning encodes it once per stage).
+    pub fn key_given(&self, params: &str) -> String {
         // Encoded into one buffer and hashed once: many small hasher updates cost more than
         // the hashing itself.
         let mut buf = Vec::with_capacity(1024);
@@ -39,12 +44,12 @@ impl KeyParts {
         field("mflow-key", b"1");
         field("kind", self.kind.as_bytes());
         field("kind_version", &self.kind_version.to_le_bytes());
-        field("params", canonical(&self.params).as_bytes());
+        field("params", params.as_bytes());
         for (name, digest) in &self.upstream {
             field("upstream", name.as_bytes());
             field("digest", digest.as_bytes());
         }
-        for (path, digest) in &self.inputs {
+        for (path, digest) in self.inputs.iter() {
             field("input", path.as_bytes());
             field("digest", digest.as_bytes());
         }
@@ -160,7 +165,7 @@ mod tests {
             kind_version: 1,
             params: Arc::new(json!({"b": 1, "a": [1, 2]})),
             upstream: BTreeMap::from([("up".into(), "d1".into())]),
-            inputs: BTreeMap::new(),
+            inputs: Arc::default(),
             workload: String::new(),
             environment: String::new(),
             salt: String::new(),

@@ -83,11 +83,16 @@ impl Log {
         r.file.read_exact_at(&mut buf, r.read)?;
         // A line still being written is read next time.
         let end = buf.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
-        for line in buf[..end].split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-            // A line that does not parse (a torn write before a crash) stands for no entry.
-            if let Ok(m) = serde_json::from_slice::<Manifest>(line) {
+        // A line that does not parse (a torn write before a crash) stands for no entry.
+        let mut add = |m: serde_json::Result<Manifest>| {
+            if let Ok(m) = m {
                 r.known.insert(m.key.clone(), Arc::new(m));
             }
+        };
+        match std::str::from_utf8(&buf[..end]) {
+            // Checked as a whole, so that serde_json need not check every string of every line.
+            Ok(text) => text.split('\n').filter(|l| !l.is_empty()).for_each(|l| add(serde_json::from_str(l))),
+            Err(_) => buf[..end].split(|&b| b == b'\n').filter(|l| !l.is_empty()).for_each(|l| add(serde_json::from_slice(l))),
         }
         r.read += end as u64;
         Ok(())

@@ -3,8 +3,11 @@
 //! built in `cache/.staging/` and committed by appending the manifest and then one rename, so
 //! a reader sees a whole entry or none.
 
+mod dir;
 pub mod key;
 mod manifests;
+
+pub use dir::{FileStat, OpenDir};
 
 use std::fs::{self, File};
 use std::io;
@@ -64,6 +67,19 @@ pub enum Lookup {
     Corrupt(String),
 }
 
+/// A workdir's manifest log, read without creating anything there, so that a run can read it
+/// while its spec loads (`Store::adopt` takes it).
+pub struct LogRead(manifests::Log);
+
+impl LogRead {
+    pub fn read(workdir: &Path) -> LogRead {
+        let mut log = manifests::Log::new(workdir.join("cache").join(".manifests.jsonl"));
+        // An unreadable log is read again at the first lookup, which reports it.
+        let _ = log.refresh();
+        LogRead(log)
+    }
+}
+
 #[derive(Clone)]
 pub struct Store {
     root: PathBuf,
@@ -71,6 +87,8 @@ pub struct Store {
     /// check each entry once. Entries are immutable once committed; `remove` forgets them.
     checked: Arc<Mutex<std::collections::HashMap<String, Arc<Manifest>>>>,
     log: Arc<Mutex<manifests::Log>>,
+    /// `root`, held open: entries are checked from it.
+    dir: Arc<OpenDir>,
 }
 
 /// Held while a key is being computed, so two runs never compute the same key at once: an OFD
@@ -89,11 +107,22 @@ impl Store {
         let lock = root.join(".lock");
         fs::OpenOptions::new().create(true).append(true).open(&lock).map_err(io_err(&lock))?;
         let log = manifests::Log::new(root.join(".manifests.jsonl"));
-        Ok(Store { root, checked: Default::default(), log: Arc::new(Mutex::new(log)) })
+        let dir = Arc::new(OpenDir::open(&root).map_err(io_err(&root))?);
+        Ok(Store { root, checked: Default::default(), log: Arc::new(Mutex::new(log)), dir })
     }
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Takes `read` as this store's manifest log when it is this store's, before any lookup.
+    pub fn adopt(&self, read: LogRead) -> bool {
+        let mut log = self.log.lock().unwrap();
+        if read.0.path() != log.path() {
+            return false;
+        }
+        *log = read.0;
+        true
     }
 
     /// Reads the manifest log on another thread while the caller plans: the first lookup then
@@ -119,7 +148,7 @@ impl Store {
         }
         let checked = match self.check(key, verify, false) {
             // No entry at all is a plain miss; checked after the fact, as hits are the common case.
-            Err(_) if !self.output_dir(key).exists() => return Lookup::Miss,
+            Err(_) if self.dir.stat(Path::new(key)).is_err() => return Lookup::Miss,
             // Another run may have committed the key again since this one read the log: a
             // failed check is repeated with the newest manifest before the entry counts as corrupt.
             Err(_) => self.check(key, verify, true),
@@ -142,27 +171,40 @@ impl Store {
         self.log.lock().unwrap().get(key, false).ok().flatten()
     }
 
+    /// Checks the entry of `key` (sizes only) against `m`, its manifest from the log, and
+    /// remembers it as intact when it checks out, so that the next `lookup` finds it at once.
+    /// An entry that does not check out is left to `lookup` to judge.
+    pub fn accept(&self, key: &str, m: Arc<Manifest>) {
+        if self.check_entry(key, &m, false).is_ok() {
+            self.checked.lock().unwrap().insert(key.to_string(), m);
+        }
+    }
+
     fn check(&self, key: &str, verify: bool, fresh: bool) -> Result<Arc<Manifest>, String> {
         let m = self.log.lock().unwrap().get(key, fresh).map_err(|e| format!("cannot read the manifest log: {e}"))?;
         let m = m.ok_or("it has no manifest")?;
+        self.check_entry(key, &m, verify)?;
+        Ok(m)
+    }
+
+    fn check_entry(&self, key: &str, m: &Manifest, verify: bool) -> Result<(), String> {
         if m.key != key {
             return Err(format!("manifest names key {}", m.key));
         }
         if digest_of(&m.files) != m.digest {
             return Err("manifest digest does not match its file list".into());
         }
-        let out = self.output_dir(key);
         for f in &m.files {
-            let path = safe_join(&out, &f.path).ok_or_else(|| format!("manifest path `{}` escapes the entry", f.path))?;
-            let meta = fs::metadata(&path).map_err(|_| format!("`{}` is missing", f.path))?;
-            if meta.len() != f.size {
-                return Err(format!("`{}` has {} bytes, the manifest says {}", f.path, meta.len(), f.size));
+            let rel = safe_join(Path::new(key), &f.path).ok_or_else(|| format!("manifest path `{}` escapes the entry", f.path))?;
+            let st = self.dir.stat(&rel).map_err(|_| format!("`{}` is missing", f.path))?;
+            if st.len != f.size {
+                return Err(format!("`{}` has {} bytes, the manifest says {}", f.path, st.len, f.size));
             }
-            if verify && hash_file(&path).map_err(|e| e.to_string())? != f.blake3 {
+            if verify && hash_file(&self.root.join(&rel)).map_err(|e| e.to_string())? != f.blake3 {
                 return Err(format!("`{}` does not match its digest", f.path));
             }
         }
-        Ok(m)
+        Ok(())
     }
 
     /// A fresh staging directory for `key`, which becomes the entry (the stage writes into it);

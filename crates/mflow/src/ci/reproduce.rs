@@ -72,7 +72,7 @@ fn compare_with_lock(plan: &Plan, lock: &Lockfile) -> Vec<String> {
             continue;
         };
         let now = &plan.stages[i].parts.inputs;
-        for (file, pinned) in &locked.parts.inputs {
+        for (file, pinned) in locked.parts.inputs.iter() {
             match now.get(file) {
                 None => reasons.push(format!("stage `{name}`: input file `{file}` is no longer an input (pinned {})", short(pinned))),
                 Some(d) if d != pinned => reasons.push(format!("stage `{name}`: input file `{file}` changed: digest {} but the lockfile pins {}", short(d), short(pinned))),

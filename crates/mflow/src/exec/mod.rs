@@ -46,6 +46,9 @@ const RECORD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 pub struct RunOutcome {
     pub record: RunRecord,
     pub run_dir: PathBuf,
+    /// The plan that ran, handed back rather than freed here: freeing a large plan is work
+    /// that a process about to exit need not do. `None` if a task still held it.
+    pub plan: Option<Plan>,
 }
 
 /// Newest checkpoint iteration a failed attempt of `key` left behind, if any.
@@ -111,6 +114,7 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
     let last = record::LastKeys::open(&workdir);
     let mut decisions = crate::plan::decide(&plan, &store, &last, &opts.force, false);
     tracing::debug!("decided");
+    let mut planned_keys: Vec<Option<(String, KeyParts)>> = decisions.iter_mut().map(|d| d.keyed.take()).collect();
 
     let names: Vec<String> = plan.stages.iter().map(|s| s.spec.name.clone()).collect();
     let stages = plan
@@ -149,11 +153,12 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
         stages,
         order: names.clone(),
     };
-    // The plan and the first run record, written side by side.
-    std::thread::scope(|s| {
-        s.spawn(|| record::write_json(&run_dir.join("plan.json"), &decisions));
-        let _ = record::write_json(&run_dir.join("run.json"), &rec);
-    });
+    // plan.json is written while the run starts; it is complete before the run ends.
+    let plan_writer = {
+        let path = run_dir.join("plan.json");
+        std::thread::spawn(move || record::write_json(&path, &decisions))
+    };
+    let _ = record::write_json(&run_dir.join("run.json"), &rec);
     tracing::debug!("run record started");
 
     let (cancel_tx, cancel_rx) = watch::channel(Cancel::None);
@@ -265,7 +270,7 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
                     let planned = |parts: &KeyParts| {
                         st.deps.iter().all(|&d| matches!(&state[d], Some(StageEnd::Done { digest, .. }) if parts.upstream.get(&shared.plan.stages[d].spec.name) == Some(digest)))
                     };
-                    let (key, parts) = match decisions[i].keyed.take() {
+                    let (key, parts) = match planned_keys[i].take() {
                         Some((key, parts)) if planned(&parts) => (key, parts),
                         _ => {
                             let digest_of = |d: usize| match &state[d] {
@@ -273,7 +278,7 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
                                 _ => None,
                             };
                             let parts = shared.plan.parts_with(i, &digest_of).expect("upstream done");
-                            (parts.key(), parts)
+                            (shared.plan.key(i, &parts), parts)
                         }
                     };
                     keys.insert(name.to_string(), (key.clone(), parts));
@@ -370,6 +375,7 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
     drop(done_tx);
 
     last.save(&keys);
+    let _ = plan_writer.join();
     // Every stage has ended: the stage records are taken, not copied (1000s of them).
     let mut rec = {
         let mut shared_rec = shared.record.lock().await;
@@ -395,9 +401,10 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
     });
     tracing::debug!("run record written");
     shared.display.lock().unwrap().finish();
-    drop(shared);
+    // The rest of `shared` goes, so that the printer sees its last line.
+    let plan = Arc::try_unwrap(shared).ok().map(|sh| sh.plan);
     let _ = printer.await;
-    Ok(RunOutcome { record: rec, run_dir })
+    Ok(RunOutcome { record: rec, run_dir, plan })
 }
 
 fn write_lock(shared: &Shared, rec: &RunRecord, keys: BTreeMap<String, (String, KeyParts)>, overrides: &[String]) {

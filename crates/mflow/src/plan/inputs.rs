@@ -1,13 +1,15 @@
 //! Files a stage reads from outside the DAG (`inputs = [...]`, dataset inputs, `path:` models).
 //! Their content digests enter the cache key; a stat cache keeps reruns fast.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
 
 use miette::Diagnostic;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use crate::cache::{FileStat, OpenDir};
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum InputError {
@@ -40,20 +42,44 @@ struct Stat {
 /// Digests of input files, remembered by (path, size, mtime) in `WORKDIR/state/inputs.json`.
 pub struct InputHasher {
     path: PathBuf,
-    known: Mutex<BTreeMap<String, Stat>>,
-    dirty: Mutex<bool>,
+    /// As last saved; only read while stages are planned, so that threads share it unlocked.
+    known: HashMap<String, Stat>,
+    /// Files hashed by this run: new, or changed since they were saved.
+    fresh: Mutex<HashMap<String, Stat>>,
+    /// The directory relative inputs start at, and the same held open to stat from.
+    base: PathBuf,
+    base_dir: Option<OpenDir>,
+}
+
+/// The stat cache of a workdir as last saved, which a run reads while its spec loads.
+pub struct KnownInputs {
+    path: PathBuf,
+    stats: HashMap<String, Stat>,
+}
+
+impl KnownInputs {
+    pub fn read(workdir: &Path) -> KnownInputs {
+        let path = workdir.join("state").join("inputs.json");
+        let stats = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+        KnownInputs { path, stats }
+    }
 }
 
 impl InputHasher {
-    pub fn open(workdir: &Path) -> InputHasher {
+    /// The hasher of `workdir`'s inputs, with `known` when it was read from there.
+    pub fn open(workdir: &Path, base: &Path, known: Option<KnownInputs>) -> InputHasher {
         let path = workdir.join("state").join("inputs.json");
-        let known = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
-        InputHasher { path, known: Mutex::new(known), dirty: Mutex::new(false) }
+        let known = match known {
+            Some(k) if k.path == path => k,
+            _ => KnownInputs::read(workdir),
+        };
+        InputHasher { path, known: known.stats, fresh: Mutex::default(), base: base.to_path_buf(), base_dir: OpenDir::open(base).ok() }
     }
 
     /// Expands `patterns` (relative to `base`, which must not be left) and digests every file.
     /// Directories are walked. Keys of the result are the paths as the user wrote them, resolved.
-    pub fn digest(&self, stage: &str, base: &Path, root: &Path, patterns: &[String]) -> Result<BTreeMap<String, String>, InputError> {
+    pub fn digest(&self, stage: &str, root: &Path, patterns: &[String]) -> Result<BTreeMap<String, String>, InputError> {
+        let base = self.base.as_path();
         let mut out = BTreeMap::new();
         for pattern in patterns {
             let p = Path::new(pattern);
@@ -67,11 +93,11 @@ impl InputHasher {
                 let paths = glob::glob(&full.to_string_lossy())
                     .map_err(|e| InputError::Pattern { stage: stage.into(), pattern: pattern.clone(), reason: e.to_string() })?;
                 for entry in paths.flatten() {
-                    collect(&entry, &mut files);
+                    self.collect(&entry, &mut files);
                 }
             } else {
                 // A plain path: no glob walk over its ancestors.
-                collect(&full, &mut files);
+                self.collect(&full, &mut files);
             }
             if files.is_empty() {
                 return Err(InputError::NoMatch { stage: stage.into(), pattern: pattern.clone() });
@@ -85,46 +111,56 @@ impl InputHasher {
         Ok(out)
     }
 
-    fn file(&self, path: &Path, meta: &std::fs::Metadata) -> std::io::Result<String> {
-        let mtime_ns = meta
-            .modified()?
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as i128)
-            .unwrap_or(0);
+    fn file(&self, path: &Path, meta: &FileStat) -> std::io::Result<String> {
+        let mtime_ns = meta.mtime_ns;
         let key = path.to_string_lossy().to_string();
-        if let Some(s) = self.known.lock().unwrap().get(&key) {
-            if s.size == meta.len() && s.mtime_ns == mtime_ns {
-                return Ok(s.digest.clone());
-            }
+        let same = |s: &&Stat| s.size == meta.len && s.mtime_ns == mtime_ns;
+        if let Some(s) = self.known.get(&key).filter(same) {
+            return Ok(s.digest.clone());
+        }
+        if let Some(s) = self.fresh.lock().unwrap().get(&key).filter(same) {
+            return Ok(s.digest.clone());
         }
         let digest = crate::cache::hash_file(path)?;
-        self.known.lock().unwrap().insert(key, Stat { size: meta.len(), mtime_ns, digest: digest.clone() });
-        *self.dirty.lock().unwrap() = true;
+        self.fresh.lock().unwrap().insert(key, Stat { size: meta.len, mtime_ns, digest: digest.clone() });
         Ok(digest)
     }
 
     pub fn save(&self) {
-        if !*self.dirty.lock().unwrap() {
+        let fresh = std::mem::take(&mut *self.fresh.lock().unwrap());
+        if fresh.is_empty() {
             return;
         }
         if let Some(dir) = self.path.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        let json = serde_json::to_vec(&*self.known.lock().unwrap()).unwrap_or_default();
+        // Sorted on disk, so that the file is the same for the same files.
+        let mut all: BTreeMap<&String, &Stat> = self.known.iter().collect();
+        all.extend(fresh.iter());
+        let json = serde_json::to_vec(&all).unwrap_or_default();
         let _ = crate::record::write_atomic(&self.path, &json);
     }
-}
 
-fn collect(path: &Path, out: &mut Vec<(PathBuf, std::fs::Metadata)>) {
-    let Ok(meta) = std::fs::metadata(path) else { return };
-    if meta.is_dir() {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| e.path()).collect();
-        entries.sort();
-        for e in entries {
-            collect(&e, out);
+    /// The files at `path` (the file itself, or every file below a directory), with their stats.
+    fn collect(&self, path: &Path, out: &mut Vec<(PathBuf, FileStat)>) {
+        let Some(meta) = self.stat(path) else { return };
+        if meta.is_dir {
+            let mut entries: Vec<PathBuf> = std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| e.path()).collect();
+            entries.sort();
+            for e in entries {
+                self.collect(&e, out);
+            }
+        } else if meta.is_file {
+            out.push((path.to_path_buf(), meta));
         }
-    } else if meta.is_file() {
-        out.push((path.to_path_buf(), meta));
+    }
+
+    /// Stats `path` from the open base directory when it lies below it.
+    fn stat(&self, path: &Path) -> Option<FileStat> {
+        match (&self.base_dir, path.strip_prefix(&self.base)) {
+            (Some(dir), Ok(rel)) if !rel.as_os_str().is_empty() => dir.stat(rel).ok(),
+            _ => std::fs::metadata(path).ok().map(|m| FileStat::from(&m)),
+        }
     }
 }
 

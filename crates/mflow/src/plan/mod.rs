@@ -40,6 +40,8 @@ pub struct PlannedStage {
     pub deps: Vec<usize>,
     /// Key parts without upstream digests.
     pub parts: KeyParts,
+    /// `parts.params` in canonical form, encoded once for every key of the stage.
+    pub canonical_params: String,
     /// Added by the planner (an automatic reshard), not written in the spec.
     pub inserted: bool,
 }
@@ -57,6 +59,11 @@ impl Plan {
         self.stages.iter().position(|s| s.spec.name == name)
     }
 
+    /// The key of stage `i` with `parts` (its own, with upstream digests: `parts_with`).
+    pub fn key(&self, i: usize, parts: &KeyParts) -> String {
+        parts.key_given(&self.stages[i].canonical_params)
+    }
+
     /// The full key parts of stage `i`, given the digests of its upstream outputs.
     pub fn parts_with(&self, i: usize, digest_of: &dyn Fn(usize) -> Option<String>) -> Option<KeyParts> {
         let s = &self.stages[i];
@@ -68,7 +75,12 @@ impl Plan {
     }
 }
 
-pub fn build(mut spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
+pub fn build(spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
+    build_with(spec, env, None)
+}
+
+/// `build`, with the workdir's input stat cache when it was read ahead.
+pub fn build_with(mut spec: Spec, env: &Environment, known: Option<inputs::KnownInputs>) -> Result<Plan, PlanError> {
     let root = project_root(&spec.dir);
     // The planned stages own the stage specs from here on (a large spec is not copied).
     let mut stage_specs = std::mem::take(&mut spec.stages);
@@ -76,38 +88,42 @@ pub fn build(mut spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
     checks::check(&stage_specs)?;
     let order = topo_order(&stage_specs);
     let position: BTreeMap<String, usize> = order.iter().enumerate().map(|(pos, &i)| (stage_specs[i].name.clone(), pos)).collect();
-    // Input files are stat-ed (and hashed when new) on a second thread while parameters resolve.
+    // Parameters resolve on one thread while input files are stat-ed (and hashed when new) on
+    // two: the inputs of a large DAG are most of the planning.
+    let hasher = InputHasher::open(&spec.workdir(), &spec.dir, known);
+    let digest = |&i: &usize| {
+        let st = &stage_specs[i];
+        let mut patterns = st.inputs.clone();
+        patterns.extend(crate::stages::external_inputs(st));
+        hasher.digest(&st.name, &root, &patterns)
+    };
     let (params, inputs) = std::thread::scope(|s| {
-        let inputs = s.spawn(|| {
-            let hasher = InputHasher::open(&spec.workdir());
-            let digests: Vec<_> = order
+        let params = s.spawn(|| {
+            order
                 .iter()
-                .map(|&i| {
-                    let st = &stage_specs[i];
-                    let mut patterns = st.inputs.clone();
-                    patterns.extend(crate::stages::external_inputs(st));
-                    hasher.digest(&st.name, &spec.dir, &root, &patterns)
-                })
-                .collect();
-            hasher.save();
-            digests
+                .map(|&i| stage_params(&spec, &stage_specs[i], env).map(|p| { let canonical = crate::cache::key::canonical(&p); (p, canonical) }))
+                .collect::<Vec<_>>()
         });
-        let params: Vec<_> = order.iter().map(|&i| stage_params(&spec, &stage_specs[i], env)).collect();
-        (params, inputs.join().expect("input hashing does not panic"))
+        let (early, late) = order.split_at(order.len() / 2);
+        let late = s.spawn(|| late.iter().map(&digest).collect::<Vec<_>>());
+        let mut inputs: Vec<_> = early.iter().map(&digest).collect();
+        inputs.extend(late.join().expect("input hashing does not panic"));
+        hasher.save();
+        (params.join().expect("parameters resolve without a panic"), inputs)
     });
     let mut stages = Vec::new();
     let mut stage_specs: Vec<Option<StageSpec>> = stage_specs.into_iter().map(Some).collect();
     for ((&i, params), inputs) in order.iter().zip(params).zip(inputs) {
         let owned = stage_specs[i].take().expect("each stage once in the order");
         let st = &owned;
-        let params = params?;
+        let (params, canonical_params) = params?;
         let inputs = inputs?;
         let parts = KeyParts {
             kind: st.kind.name().to_string(),
             kind_version: st.kind.version(),
             params: std::sync::Arc::new(params),
             upstream: BTreeMap::new(),
-            inputs,
+            inputs: std::sync::Arc::new(inputs),
             workload: crate::stages::workload_digest(st.kind),
             environment: if st.kind.uses_python() { env.python_digest() } else { String::new() },
             salt: st.salt.clone(),
@@ -119,7 +135,7 @@ pub fn build(mut spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
         if parts.params.get("engine").and_then(Json::as_str) == Some("megatron") && spec_of_stage.resources.gpus == 0 && spec.pipeline.backend != "kubernetes" {
             spec_of_stage.resources.gpus = crate::stages::world_size(spec_of_stage.kind, parts.params.as_object().expect("params are a table")) as u32;
         }
-        stages.push(PlannedStage { spec: spec_of_stage, deps, parts, inserted });
+        stages.push(PlannedStage { spec: spec_of_stage, deps, parts, canonical_params, inserted });
     }
     Ok(Plan { spec, stages, root })
 }
@@ -239,44 +255,98 @@ pub struct StageDecision {
 }
 
 /// Decides every stage without running anything.
+///
+/// The first pass keys every stage as if each entry found in the manifest log checks out,
+/// while those entries are checked on a second thread. The second pass decides in dependency
+/// order and keeps a first-pass key wherever the upstream digests it assumed were found.
 pub fn decide(plan: &Plan, store: &Store, last: &crate::record::LastKeys, force: &[String], verify: bool) -> Vec<StageDecision> {
-    let mut digests: Vec<Option<String>> = vec![None; plan.stages.len()];
-    let mut out = Vec::new();
+    let n = plan.stages.len();
+    let mut first = key_ahead(plan, store, force, verify);
+    let mut digests: Vec<Option<String>> = vec![None; n];
+    let mut out = Vec::with_capacity(n);
     for (i, s) in plan.stages.iter().enumerate() {
         let name = &s.spec.name;
         let mut keyed = None;
-        let decision = match plan.parts_with(i, &|d| digests[d].clone()) {
-            None => {
-                let up = s.deps.iter().find(|&&d| digests[d].is_none()).map(|&d| plan.stages[d].spec.name.clone()).unwrap_or_default();
-                Decision::Run { key: None, reason: format!("upstream `{up}` runs first") }
-            }
-            Some(parts) => {
-                let key = parts.key();
-                let run = |reason: String| Decision::Run { key: Some(key.clone()), reason };
-                let decision = if force.iter().any(|f| f == name) {
-                    run("forced".into())
-                } else if !s.spec.cache {
-                    run("cache = false".into())
-                } else {
-                    match store.lookup(&key, verify) {
-                        Lookup::Hit(m) => {
-                            digests[i] = Some(m.digest.clone());
-                            Decision::Cached { key: key.clone() }
-                        }
-                        Lookup::Corrupt(why) => run(format!("cache entry was corrupt ({why})")),
-                        Lookup::Miss => match crate::exec::resume_point(&plan.spec.workdir(), &key) {
-                            Some(iteration) => Decision::Resume { key: key.clone(), iteration },
-                            None => run(reason(last.get(name), &parts)),
-                        },
+        let upstream_known = s.deps.iter().all(|&d| digests[d].is_some());
+        let decision = if !upstream_known {
+            let up = s.deps.iter().find(|&&d| digests[d].is_none()).map(|&d| plan.stages[d].spec.name.clone()).unwrap_or_default();
+            Decision::Run { key: None, reason: format!("upstream `{up}` runs first") }
+        } else {
+            // The first pass's key holds when it assumed the digests that were found.
+            let (key, parts) = match first[i].take() {
+                Some((key, parts)) if s.deps.iter().all(|&d| parts.upstream.get(&plan.stages[d].spec.name) == digests[d].as_ref()) => (key, parts),
+                _ => {
+                    let parts = plan.parts_with(i, &|d| digests[d].clone()).expect("upstream digests known");
+                    (plan.key(i, &parts), parts)
+                }
+            };
+            let run = |reason: String| Decision::Run { key: Some(key.clone()), reason };
+            let decision = if force.iter().any(|f| f == name) {
+                run("forced".into())
+            } else if !s.spec.cache {
+                run("cache = false".into())
+            } else {
+                // Entries the first pass checked are found at once.
+                match store.lookup(&key, verify) {
+                    Lookup::Hit(m) => {
+                        digests[i] = Some(m.digest.clone());
+                        Decision::Cached { key: key.clone() }
                     }
-                };
-                keyed = Some((key, parts));
-                decision
-            }
+                    Lookup::Corrupt(why) => run(format!("cache entry was corrupt ({why})")),
+                    Lookup::Miss => match crate::exec::resume_point(&plan.spec.workdir(), &key) {
+                        Some(iteration) => Decision::Resume { key: key.clone(), iteration },
+                        None => run(reason(last.get(name), &parts)),
+                    },
+                }
+            };
+            keyed = Some((key, parts));
+            decision
         };
         out.push(StageDecision { stage: name.clone(), kind: s.spec.kind.name().into(), needs: s.spec.needs.clone(), decision, keyed });
     }
     out
+}
+
+/// Every stage's key and parts, assuming that each entry in the manifest log checks out: the
+/// entries are checked (sizes only, not with `verify`) meanwhile, and what checks out is
+/// remembered by the store. A stage whose upstream has no entry gets no key here.
+fn key_ahead(plan: &Plan, store: &Store, force: &[String], verify: bool) -> Vec<Option<(String, KeyParts)>> {
+    // Entries go to the checker in batches: waking it for each one would cost more than a
+    // check. Once every stage is keyed, this thread takes batches from the same queue.
+    const BATCH: usize = 32;
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<(String, std::sync::Arc<crate::cache::Manifest>)>>();
+    let queue = std::sync::Mutex::new(rx);
+    let check_all = || loop {
+        let Ok(batch) = queue.lock().unwrap().recv() else { break };
+        for (key, m) in batch {
+            store.accept(&key, m);
+        }
+    };
+    let cacheable = |i: usize| plan.stages[i].spec.cache && !force.iter().any(|f| *f == plan.stages[i].spec.name);
+    std::thread::scope(|s| {
+        s.spawn(check_all);
+        let mut assumed: Vec<Option<String>> = vec![None; plan.stages.len()];
+        let mut keyed = Vec::with_capacity(plan.stages.len());
+        let mut batch = Vec::with_capacity(BATCH);
+        for i in 0..plan.stages.len() {
+            let k = plan.parts_with(i, &|d| assumed[d].clone()).map(|parts| (plan.key(i, &parts), parts));
+            if let Some((key, m)) = k.as_ref().filter(|_| cacheable(i)).and_then(|(key, _)| Some((key, store.manifest(key)?))) {
+                assumed[i] = Some(m.digest.clone());
+                // `--verify` rehashes every entry when deciding instead.
+                if !verify {
+                    batch.push((key.clone(), m));
+                }
+                if batch.len() == BATCH {
+                    let _ = tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)));
+                }
+            }
+            keyed.push(k);
+        }
+        let _ = tx.send(batch);
+        drop(tx);
+        check_all();
+        keyed
+    })
 }
 
 fn reason(last: Option<&KeyParts>, now: &KeyParts) -> String {

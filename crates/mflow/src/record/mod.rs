@@ -278,7 +278,7 @@ mod tests {
             kind_version: 1,
             params: std::sync::Arc::new(serde_json::json!({"run": ["true"]})),
             upstream: BTreeMap::new(),
-            inputs: BTreeMap::new(),
+            inputs: Default::default(),
             workload: String::new(),
             environment: String::new(),
             salt: salt.into(),

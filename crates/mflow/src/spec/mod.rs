@@ -124,6 +124,14 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<Spec, SpecErrors> {
     Ok(spec)
 }
 
+/// Beside the spec, unless `[pipeline] workdir` names another.
+const DEFAULT_WORKDIR: &str = ".mflow";
+
+/// The workdir of the spec at `path` unless it names another, known before the spec is read.
+pub fn default_workdir(path: &Path) -> PathBuf {
+    spec_dir(path).join(DEFAULT_WORKDIR)
+}
+
 /// The spec's directory, canonical where it can be.
 fn spec_dir(path: &Path) -> PathBuf {
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -199,7 +207,7 @@ fn parse_in(path: &Path, dir: PathBuf, text: &str, overrides: &[String]) -> Resu
     let pipeline = Pipeline {
         name: str_of(&p, "name").unwrap_or_default(),
         description: str_of(&p, "description"),
-        workdir: dir.join(str_of(&p, "workdir").unwrap_or_else(|| ".mflow".into())),
+        workdir: dir.join(str_of(&p, "workdir").unwrap_or_else(|| DEFAULT_WORKDIR.into())),
         backend: str_of(&p, "backend").unwrap_or_else(|| "local".into()),
         jobs: p.get("jobs").and_then(Json::as_u64).map(|n| n.max(1) as usize),
         kubernetes: p.get("kubernetes").and_then(Json::as_object).cloned().unwrap_or_default(),
