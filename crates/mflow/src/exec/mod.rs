@@ -428,10 +428,9 @@ fn write_lock(shared: &Shared, rec: &RunRecord, keys: BTreeMap<String, (String, 
         spec: spec.path.display().to_string(),
         spec_digest: blake3::hash(spec.source.as_bytes()).to_hex().to_string(),
         git_commit: record::git_commit(&spec.dir),
-        created: record::now(),
         overrides: overrides.to_vec(),
         environment,
         stages,
     };
-    let _ = record::write_json(&shared.run_dir.join("mflow.lock"), &lock);
+    let _ = record::lock::write(&lock, &shared.run_dir.join("mflow.lock"), &spec.workdir());
 }

@@ -3,6 +3,7 @@
 //! status and metrics.
 
 mod lines;
+pub mod lock;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -112,7 +113,6 @@ pub struct Lockfile {
     pub spec: String,
     pub spec_digest: String,
     pub git_commit: Option<String>,
-    pub created: String,
     pub overrides: Vec<String>,
     pub environment: BTreeMap<String, String>,
     pub stages: BTreeMap<String, LockedStage>,

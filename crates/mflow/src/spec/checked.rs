@@ -17,18 +17,14 @@ const MAX_FILES: usize = 256;
 
 /// The key of a spec's checked form, or `None` when the binary cannot be identified.
 pub(super) fn key(path: &Path, dir: &Path, text: &str, overrides: &[String]) -> Option<String> {
-    let exe = std::env::current_exe().ok()?;
-    let meta = std::fs::metadata(&exe).ok()?;
-    let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
+    let binary = crate::env::binary_identity()?;
     let mut h = blake3::Hasher::new();
     let mut part = |bytes: &[u8]| {
         h.update(&(bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     };
     part(FORMAT);
-    part(exe.as_os_str().as_encoded_bytes());
-    part(&meta.len().to_le_bytes());
-    part(&mtime.as_nanos().to_le_bytes());
+    part(&binary);
     part(path.as_os_str().as_encoded_bytes());
     part(dir.as_os_str().as_encoded_bytes());
     part(text.as_bytes());
