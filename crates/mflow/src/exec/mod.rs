@@ -432,5 +432,5 @@ fn write_lock(shared: &Shared, rec: &RunRecord, keys: BTreeMap<String, (String, 
         environment,
         stages,
     };
-    let _ = record::lock::write(&lock, &shared.run_dir.join("mflow.lock"), &spec.workdir());
+    let _ = record::lock::write(&lock, &spec.workdir(), &shared.run_id);
 }

@@ -5,48 +5,60 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{write_atomic, write_json, Lockfile};
+use super::{runs_dir, write_atomic, write_json, Lockfile};
 
 /// Bumped when what `identity` covers changes.
 const FORMAT: &[u8] = b"mflow-lock-identity-1";
+/// A lockfile larger than this (some 1.4 M stages) is not read back to be linked.
+const MAX_LINKED: u64 = 1 << 30;
 
-/// Writes `lock` to `path`, or links the last lockfile written for this workdir when it has the
-/// same identity and its bytes are still those written.
-pub fn write(lock: &Lockfile, path: &Path, workdir: &Path) -> std::io::Result<()> {
+/// Writes `lock` as the lockfile of run `run`, or links the last lockfile written in this
+/// workdir when it has the same identity and its bytes are still those written.
+pub fn write(lock: &Lockfile, workdir: &Path, run: &str) -> std::io::Result<()> {
+    let path = lock_path(workdir, run);
     let last_file = workdir.join("state").join("lock.last");
     let identity = identity(lock);
     if let Some(last) = Last::read(&last_file) {
-        if identity.as_deref() == Some(last.identity.as_str()) && last.still_holds() && std::fs::hard_link(&last.path, path).is_ok() {
+        if identity.as_deref() == Some(last.identity.as_str()) && last.still_holds(workdir) && std::fs::hard_link(lock_path(workdir, &last.run), &path).is_ok() {
             return Ok(());
         }
     }
-    write_json(path, lock)?;
+    write_json(&path, lock)?;
     // Remembered only when the identity is known; a failure here costs the next run a write.
-    if let (Some(identity), Ok(bytes)) = (identity, std::fs::read(path)) {
-        let line = format!("{identity} {} {}\n", blake3::hash(&bytes).to_hex(), path.display());
+    if let (Some(identity), Ok(bytes)) = (identity, std::fs::read(&path)) {
+        let line = format!("{identity} {} {run}\n", blake3::hash(&bytes).to_hex());
         let _ = std::fs::create_dir_all(workdir.join("state")).and_then(|()| write_atomic(&last_file, line.as_bytes()));
     }
     Ok(())
 }
 
-/// The last lockfile written: its identity, the digest of its bytes and its place.
+fn lock_path(workdir: &Path, run: &str) -> PathBuf {
+    runs_dir(workdir).join(run).join("mflow.lock")
+}
+
+/// The last lockfile written: its identity, the digest of its bytes and its run.
 struct Last {
     identity: String,
     digest: String,
-    path: PathBuf,
+    run: String,
 }
 
 impl Last {
     fn read(file: &Path) -> Option<Last> {
         let text = std::fs::read_to_string(file).ok()?;
-        let mut parts = text.trim_end_matches('\n').splitn(3, ' ');
-        let (identity, digest, path) = (parts.next()?, parts.next()?, parts.next()?);
-        Some(Last { identity: identity.into(), digest: digest.into(), path: PathBuf::from(path) })
+        let mut parts = text.trim_end_matches('\n').split(' ');
+        let (identity, digest, run) = (parts.next()?, parts.next()?, parts.next()?);
+        // A run id, so that the file linked is a lockfile of this workdir.
+        if parts.next().is_some() || !crate::spec::valid_name(&format!("r{run}")) {
+            return None;
+        }
+        Some(Last { identity: identity.into(), digest: digest.into(), run: run.into() })
     }
 
     /// The file is there with the bytes it was written with (not edited, not cut short).
-    fn still_holds(&self) -> bool {
-        std::fs::read(&self.path).is_ok_and(|bytes| blake3::hash(&bytes).to_hex().as_str() == self.digest)
+    fn still_holds(&self, workdir: &Path) -> bool {
+        let path = lock_path(workdir, &self.run);
+        std::fs::metadata(&path).is_ok_and(|m| m.len() <= MAX_LINKED) && std::fs::read(&path).is_ok_and(|bytes| blake3::hash(&bytes).to_hex().as_str() == self.digest)
     }
 }
 
@@ -107,22 +119,22 @@ mod tests {
         }
     }
 
-    fn run_dir(work: &Path, id: &str) -> PathBuf {
-        let d = work.join("runs").join(id);
-        std::fs::create_dir_all(&d).unwrap();
-        d.join("mflow.lock")
+    /// Writes `lock` as run `id`'s lockfile; returns its path.
+    fn write_run(work: &Path, id: &str, lock: &Lockfile) -> PathBuf {
+        std::fs::create_dir_all(work.join("runs").join(id)).unwrap();
+        write(lock, work, id).unwrap();
+        lock_path(work, id)
     }
 
     #[test]
     fn the_same_lock_is_linked_and_another_is_written() {
         let work = tempfile::tempdir().unwrap();
-        let (one, two, three) = (run_dir(work.path(), "1"), run_dir(work.path(), "2"), run_dir(work.path(), "3"));
-        write(&lock("", Some("d")), &one, work.path()).unwrap();
-        write(&lock("", Some("d")), &two, work.path()).unwrap();
+        let one = write_run(work.path(), "1", &lock("", Some("d")));
+        let two = write_run(work.path(), "2", &lock("", Some("d")));
         let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
         assert_eq!(ino(&one), ino(&two), "an unchanged lockfile is linked");
         // Another output digest is another lockfile.
-        write(&lock("", Some("e")), &three, work.path()).unwrap();
+        let three = write_run(work.path(), "3", &lock("", Some("e")));
         assert_ne!(ino(&three), ino(&two));
         let written: Lockfile = serde_json::from_slice(&std::fs::read(&three).unwrap()).unwrap();
         assert_eq!(written.stages["a"].output_digest.as_deref(), Some("e"));
@@ -131,15 +143,27 @@ mod tests {
     #[test]
     fn an_edited_last_lockfile_is_not_linked() {
         let work = tempfile::tempdir().unwrap();
-        let (one, two) = (run_dir(work.path(), "1"), run_dir(work.path(), "2"));
-        write(&lock("", Some("d")), &one, work.path()).unwrap();
-        // Replaced by other bytes (atomically, as an editor would): the new run writes its own.
+        let one = write_run(work.path(), "1", &lock("", Some("d")));
+        // Other bytes in place: the next run writes its own.
         std::fs::write(&one, b"{}").unwrap();
-        write(&lock("", Some("d")), &two, work.path()).unwrap();
+        let two = write_run(work.path(), "2", &lock("", Some("d")));
         let text = std::fs::read_to_string(&two).unwrap();
         let mut expected = Vec::new();
         serde::Serialize::serialize(&lock("", Some("d")), &mut serde_json::Serializer::with_formatter(&mut expected, super::super::lines::Lines::default())).unwrap();
         assert_eq!(text.as_bytes(), expected.as_slice());
+    }
+
+    #[test]
+    fn a_last_lockfile_named_outside_the_workdir_is_not_linked() {
+        let work = tempfile::tempdir().unwrap();
+        write_run(work.path(), "1", &lock("", Some("d")));
+        let last = work.path().join("state/lock.last");
+        let text = std::fs::read_to_string(&last).unwrap();
+        let (head, _) = text.rsplit_once(' ').unwrap();
+        for run in ["../../elsewhere", "/etc", "1 2"] {
+            std::fs::write(&last, format!("{head} {run}\n")).unwrap();
+            assert!(Last::read(&last).is_none(), "{run}");
+        }
     }
 
     #[test]
