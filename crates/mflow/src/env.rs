@@ -185,15 +185,20 @@ fn run(cmd: &mut Command) -> Result<(), String> {
 
 /// GPUs visible to this process: CUDA_VISIBLE_DEVICES when set, else the NVIDIA driver's list.
 /// The running mflow binary (its path, size and mtime), for what must not outlive a rebuild.
-pub fn binary_identity() -> Option<Vec<u8>> {
-    let exe = std::env::current_exe().ok()?;
-    let meta = std::fs::metadata(&exe).ok()?;
-    let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
-    let mut out = exe.into_os_string().into_encoded_bytes();
-    out.push(0);
-    out.extend_from_slice(&meta.len().to_le_bytes());
-    out.extend_from_slice(&mtime.as_nanos().to_le_bytes());
-    Some(out)
+/// Found once per process.
+pub fn binary_identity() -> Option<&'static [u8]> {
+    static IDENTITY: OnceLock<Option<Vec<u8>>> = OnceLock::new();
+    let find = || {
+        let exe = std::env::current_exe().ok()?;
+        let meta = std::fs::metadata(&exe).ok()?;
+        let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
+        let mut out = exe.into_os_string().into_encoded_bytes();
+        out.push(0);
+        out.extend_from_slice(&meta.len().to_le_bytes());
+        out.extend_from_slice(&mtime.as_nanos().to_le_bytes());
+        Some(out)
+    };
+    IDENTITY.get_or_init(find).as_deref()
 }
 
 pub fn detect_gpus() -> Vec<String> {

@@ -81,6 +81,22 @@ impl KeyParts {
     }
 }
 
+/// blake3 over length-prefixed parts, so that no two different lists of parts share a digest.
+#[derive(Default)]
+pub struct PartsHasher(blake3::Hasher);
+
+impl PartsHasher {
+    pub fn part(&mut self, bytes: &[u8]) -> &mut PartsHasher {
+        self.0.update(&(bytes.len() as u64).to_le_bytes());
+        self.0.update(bytes);
+        self
+    }
+
+    pub fn hex(&self) -> String {
+        self.0.finalize().to_hex().to_string()
+    }
+}
+
 pub fn short(d: &str) -> &str {
     &d[..d.len().min(12)]
 }

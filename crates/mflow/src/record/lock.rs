@@ -3,43 +3,50 @@
 //! the same lockfile. A run whose lockfile would be the last one written links that file instead
 //! of serializing it again: the lockfile of a no-op of 1000 stages is 700 KB.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::{runs_dir, write_atomic, write_json, Lockfile};
 
 /// Bumped when what `identity` covers changes.
 const FORMAT: &[u8] = b"mflow-lock-identity-1";
-/// A lockfile larger than this (some 1.4 M stages) is not read back to be linked.
-const MAX_LINKED: u64 = 1 << 30;
 
 /// Writes `lock` as the lockfile of run `run`, or links the last lockfile written in this
-/// workdir when it has the same identity and its bytes are still those written.
+/// workdir when it has the same identity and is the file that was written (not replaced or
+/// edited since).
 pub fn write(lock: &Lockfile, workdir: &Path, run: &str) -> std::io::Result<()> {
     let path = lock_path(workdir, run);
     let last_file = workdir.join("state").join("lock.last");
     let identity = identity(lock);
     if let Some(last) = Last::read(&last_file) {
-        if identity.as_deref() == Some(last.identity.as_str()) && last.still_holds(workdir) && std::fs::hard_link(lock_path(workdir, &last.run), &path).is_ok() {
+        let last_path = lock_path(workdir, &last.run);
+        if identity.as_deref() == Some(last.identity.as_str()) && file_stamp(&last_path).as_deref() == Some(last.stamp.as_str()) && std::fs::hard_link(&last_path, &path).is_ok() {
             return Ok(());
         }
     }
     write_json(&path, lock)?;
     // Remembered only when the identity is known; a failure here costs the next run a write.
-    if let (Some(identity), Ok(bytes)) = (identity, std::fs::read(&path)) {
-        let line = format!("{identity} {} {run}\n", blake3::hash(&bytes).to_hex());
+    if let (Some(identity), Some(stamp)) = (identity, file_stamp(&path)) {
+        let line = format!("{identity} {stamp} {run}\n");
         let _ = std::fs::create_dir_all(workdir.join("state")).and_then(|()| write_atomic(&last_file, line.as_bytes()));
     }
     Ok(())
+}
+
+/// Which file is at `path` and how it was last written: inode, size and mtime.
+fn file_stamp(path: &Path) -> Option<String> {
+    let m = std::fs::metadata(path).ok()?;
+    Some(format!("{}:{}:{}.{}", m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
 }
 
 fn lock_path(workdir: &Path, run: &str) -> PathBuf {
     runs_dir(workdir).join(run).join("mflow.lock")
 }
 
-/// The last lockfile written: its identity, the digest of its bytes and its run.
+/// The last lockfile written: its identity, its stamp and its run.
 struct Last {
     identity: String,
-    digest: String,
+    stamp: String,
     run: String,
 }
 
@@ -47,18 +54,12 @@ impl Last {
     fn read(file: &Path) -> Option<Last> {
         let text = std::fs::read_to_string(file).ok()?;
         let mut parts = text.trim_end_matches('\n').split(' ');
-        let (identity, digest, run) = (parts.next()?, parts.next()?, parts.next()?);
+        let (identity, stamp, run) = (parts.next()?, parts.next()?, parts.next()?);
         // A run id, so that the file linked is a lockfile of this workdir.
         if parts.next().is_some() || !crate::spec::valid_name(&format!("r{run}")) {
             return None;
         }
-        Some(Last { identity: identity.into(), digest: digest.into(), run: run.into() })
-    }
-
-    /// The file is there with the bytes it was written with (not edited, not cut short).
-    fn still_holds(&self, workdir: &Path) -> bool {
-        let path = lock_path(workdir, &self.run);
-        std::fs::metadata(&path).is_ok_and(|m| m.len() <= MAX_LINKED) && std::fs::read(&path).is_ok_and(|bytes| blake3::hash(&bytes).to_hex().as_str() == self.digest)
+        Some(Last { identity: identity.into(), stamp: stamp.into(), run: run.into() })
     }
 }
 
@@ -67,22 +68,14 @@ impl Last {
 /// spec, whose digest is in the header), and the binary that serializes them. `None` when the
 /// binary cannot be identified.
 fn identity(lock: &Lockfile) -> Option<String> {
-    let mut buf = Vec::with_capacity(256 + lock.stages.len() * 160);
-    let mut field = |bytes: &[u8]| {
-        buf.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        buf.extend_from_slice(bytes);
-    };
-    field(FORMAT);
-    field(&crate::env::binary_identity()?);
+    let mut h = crate::cache::key::PartsHasher::default();
+    h.part(FORMAT).part(crate::env::binary_identity()?);
     let header = (lock.version, &lock.mflow_version, &lock.pipeline, &lock.spec, &lock.spec_digest, &lock.git_commit, &lock.overrides, &lock.environment);
-    field(&serde_json::to_vec(&header).expect("a lockfile header serializes"));
+    h.part(&serde_json::to_vec(&header).expect("a lockfile header serializes"));
     for (name, s) in &lock.stages {
-        field(name.as_bytes());
-        field(s.kind.as_bytes());
-        field(s.key.as_bytes());
-        field(s.output_digest.as_deref().unwrap_or("-").as_bytes());
+        h.part(name.as_bytes()).part(s.kind.as_bytes()).part(s.key.as_bytes()).part(s.output_digest.as_deref().unwrap_or("-").as_bytes());
     }
-    Some(blake3::hash(&buf).to_hex().to_string())
+    Some(h.hex())
 }
 
 #[cfg(test)]

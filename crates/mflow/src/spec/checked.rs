@@ -17,21 +17,13 @@ const MAX_FILES: usize = 256;
 
 /// The key of a spec's checked form, or `None` when the binary cannot be identified.
 pub(super) fn key(path: &Path, dir: &Path, text: &str, overrides: &[String]) -> Option<String> {
-    let binary = crate::env::binary_identity()?;
-    let mut h = blake3::Hasher::new();
-    let mut part = |bytes: &[u8]| {
-        h.update(&(bytes.len() as u64).to_le_bytes());
-        h.update(bytes);
-    };
-    part(FORMAT);
-    part(&binary);
-    part(path.as_os_str().as_encoded_bytes());
-    part(dir.as_os_str().as_encoded_bytes());
-    part(text.as_bytes());
+    let mut h = crate::cache::key::PartsHasher::default();
+    h.part(FORMAT).part(crate::env::binary_identity()?);
+    h.part(path.as_os_str().as_encoded_bytes()).part(dir.as_os_str().as_encoded_bytes()).part(text.as_bytes());
     for o in overrides {
-        part(o.as_bytes());
+        h.part(o.as_bytes());
     }
-    Some(h.finalize().to_hex().to_string())
+    Some(h.hex())
 }
 
 /// Where the checked form of the spec at `dir/file` is kept.
