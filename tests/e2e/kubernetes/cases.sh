@@ -1,0 +1,536 @@
+# shellcheck shell=bash
+# The cases of run.sh. Each `case_NAME` runs in a subshell with `set -euo pipefail` and passes
+# when it returns 0; what it prints is shown when it fails. They drive the `mflow` binary
+# ($MFLOW_BIN) against the cluster and assert on exit codes, objects in the cluster, run records
+# and committed outputs on the artifact volume.
+
+KWOK_CASES=(
+  dry_run_every_spec
+  pipeline_runs_and_is_cached
+  failing_stage
+  flaky_stage_is_retried
+  timeout_is_a_timeout
+  sigkill_then_reattach
+  sigterm_detaches_and_reattaches
+  sigint_cancels
+  foreign_object_is_left_alone
+  restricted_user
+  service_account_bound_by_shipped_rbac
+  no_trainer_controller
+)
+KUBELET_CASES=(
+  real_outputs_flow_downstream
+  real_oom_kill
+  missing_and_invalid_images
+  cronjob_runs_mflow_in_a_pod
+  cronjob_pod_sigterm_detaches
+)
+
+# mflow sees the artifact volume where its pods do, at /mflow (here: the hostPath behind the
+# claim), as it would on a machine that mounts the same share.
+VOLUME=/mflow
+NS=ml
+E2E_IMAGE=mflow-e2e/mflow:dev
+
+setup_phase() {
+  MODE=$1
+  if [ -e "$VOLUME" ] || [ -L "$VOLUME" ]; then
+    [ "$(readlink "$VOLUME" || true)" = "$STATE_DIR/artifacts" ] || die "$VOLUME exists and is not this suite's; move it away first"
+  fi
+  ln -sfn "$STATE_DIR/artifacts" "$VOLUME"
+  export MFLOW_HOME="$STATE_DIR/mflow-home" NO_COLOR=1
+  # The kubectl of the cluster's own version.
+  export PATH="$KUBE_BIN_DIR:$PATH"
+  export KUBECONFIG="$STATE_DIR/kubeconfig/admin.kubeconfig"
+  if [ "$MODE" = kubelet ]; then
+    # The stage image: busybox and this mflow (stripped: the debug build's line tables are
+    # most of its size).
+    local lean="$STATE_DIR/mflow"
+    cp "$MFLOW_BIN" "$lean"
+    strip "$lean" 2>/dev/null || true
+    bash "$E2E_DIR/image.sh" "$E2E_IMAGE" "$lean" >"$STATE_DIR/image.log" 2>&1 || { cat "$STATE_DIR/image.log"; die "cannot build the mflow image"; }
+    IMAGE=$E2E_IMAGE CPU_RUNTIME=mflow-cpu-hostnet TORCH_RUNTIME=mflow-torch-hostnet
+  else
+    IMAGE=busybox:1.36 CPU_RUNTIME=mflow-cpu TORCH_RUNTIME=mflow-torch
+  fi
+}
+
+teardown_phase() {
+  [ "$(readlink "$VOLUME" 2>/dev/null || true)" = "$STATE_DIR/artifacts" ] && rm -f "$VOLUME"
+  return 0
+}
+
+kc() { kubectl --kubeconfig "$STATE_DIR/kubeconfig/admin.kubeconfig" -n "$NS" "$@"; }
+
+# The case's directory on the volume and its pipeline name.
+case_dir() { echo "$VOLUME/e2e/$1"; }
+pipeline_of() { echo "e2e-${1//_/-}"; }
+
+# write_spec CASE [KUBERNETES-LINES] < STAGES: the case's spec on the volume; prints its path.
+write_spec() {
+  local dir name
+  dir=$(case_dir "$1")
+  name=$(pipeline_of "$1")
+  mkdir -p "$dir"
+  {
+    printf '[pipeline]\nname = "%s"\nbackend = "kubernetes"\nworkdir = "%s/wd"\n\n' "$name" "$dir"
+    printf '[pipeline.kubernetes]\nimage = "%s"\ncpu_runtime = "%s"\nruntime = "%s"\n%s\n\n' "$IMAGE" "$CPU_RUNTIME" "$TORCH_RUNTIME" "${2:-}"
+    cat
+  } >"$dir/spec.toml"
+  echo "$dir/spec.toml"
+}
+
+# mf ARGS...: the mflow binary, output to the case's log.
+mf() { "$MFLOW_BIN" "$@"; }
+
+# expect CODE CMD...: runs CMD, shows its output, and fails unless it exits with CODE.
+expect() {
+  local want=$1 got=0
+  shift
+  "$@" >"$STATE_DIR/last.out" 2>&1 || got=$?
+  cat "$STATE_DIR/last.out"
+  if [ "$got" != "$want" ]; then
+    echo "expected exit $want, got $got: $*"
+    return 1
+  fi
+}
+
+# The output of the last `expect`.
+last() { cat "$STATE_DIR/last.out"; }
+
+contains() {
+  if ! grep -qF -- "$2" <<<"$1"; then
+    echo "expected to find: $2"
+    return 1
+  fi
+}
+
+not_contains() {
+  if grep -qF -- "$2" <<<"$1"; then
+    echo "did not expect: $2"
+    return 1
+  fi
+}
+
+eq() {
+  if [ "$1" != "$2" ]; then
+    echo "expected '$2', got '$1'${3:+ ($3)}"
+    return 1
+  fi
+}
+
+# The newest run record of a case.
+record() { cat "$(ls -d "$(case_dir "$1")"/wd/runs/*/ | sort | tail -n 1)run.json"; }
+attempt_log() { cat "$(ls -d "$(case_dir "$1")"/wd/runs/*/ | sort | tail -n 1)stages/$2/attempt-${3:-1}.log" 2>/dev/null || true; }
+
+trainjobs() { kc get trainjobs -l "mflow.dev/pipeline=$(pipeline_of "$1")" -o name | wc -l; }
+
+# wait_until SECONDS CMD...: polls CMD every half second.
+wait_until() {
+  local limit=$1 t=$SECONDS
+  shift
+  until "$@" >/dev/null 2>&1; do
+    if [ $((SECONDS - t)) -ge "$limit" ]; then
+      echo "timed out after ${limit}s waiting for: $*"
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+pod_running() { [ -n "$(kc get pods -l "mflow.dev/pipeline=$(pipeline_of "$1")" --field-selector=status.phase=Running -o name)" ]; }
+
+# --- kwok: simulated pods ------------------------------------------------------------------
+
+# Every spec in the repository, rendered, passes the real API server's strict validation and
+# Trainer's and JobSet's admission webhooks; `mflow run --dry-run` says the same.
+case_dry_run_every_spec() {
+  local spec n=0
+  for spec in "$REPO_ROOT"/specs/*.toml "$REPO_ROOT"/specs/examples/*.toml; do
+    # A Hub source is resolved over the network at plan time; there is none here.
+    grep -q 'hf://' "$spec" && { echo "skipped (needs the Hub): $spec"; continue; }
+    echo "== $spec"
+    expect 0 mf render "$spec" --backend kubernetes
+    last >"$STATE_DIR/rendered.yaml"
+    expect 0 kubectl --kubeconfig "$KUBECONFIG" -n "$NS" apply --dry-run=server --validate=strict -f "$STATE_DIR/rendered.yaml"
+    expect 0 mf run --dry-run "$spec" --backend kubernetes
+    not_contains "$(last)" "rejected"
+    contains "$(last)" "accepted (server-side dry run)"
+    n=$((n + 1))
+  done
+  [ "$n" -ge 2 ] || { echo "only $n specs checked"; return 1; }
+}
+
+DIAMOND='[stages.prep]
+kind = "command"
+run = ["sh", "-c", "echo prep > $MFLOW_OUTPUT/x"]
+
+[stages.left]
+kind = "command"
+needs = ["prep"]
+run = ["sh", "-c", "cat $MFLOW_INPUT_PREP/x > $MFLOW_OUTPUT/x"]
+
+[stages.right]
+kind = "command"
+needs = ["prep"]
+nodes = 2
+run = ["sh", "-c", "cat $MFLOW_INPUT_PREP/x > $MFLOW_OUTPUT/x"]
+
+[stages.join]
+kind = "command"
+needs = ["left", "right"]
+run = ["sh", "-c", "cat $MFLOW_INPUT_LEFT/x $MFLOW_INPUT_RIGHT/x > $MFLOW_OUTPUT/x"]
+'
+
+case_pipeline_runs_and_is_cached() {
+  local spec
+  spec=$(write_spec pipeline_runs_and_is_cached <<<"$DIAMOND")
+  expect 0 mf run "$spec"
+  eq "$(trainjobs pipeline_runs_and_is_cached)" 4 "TrainJobs"
+  eq "$(kc get trainjobs -l mflow.dev/pipeline=e2e-pipeline-runs-and-is-cached -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Complete")].status}{"\n"}{end}' | grep -c True)" 4 "Complete TrainJobs"
+  eq "$(record pipeline_runs_and_is_cached | jq -r '[.stages[] | .status] | unique | join(",")')" succeeded
+  local out
+  for stage in prep left right join; do
+    out=$(record pipeline_runs_and_is_cached | jq -r ".stages.$stage.output")
+    [ -d "$out" ] || { echo "no committed output for $stage: $out"; return 1; }
+  done
+  eq "$(kc get configmaps -l mflow.dev/component=cache,mflow.dev/pipeline=e2e-pipeline-runs-and-is-cached -o name | wc -l)" 4 "cache index entries"
+  # The 2-node stage requested one CPU per rank, and numNodes 2.
+  eq "$(kc get trainjobs -l mflow.dev/stage=right -o jsonpath='{.items[0].spec.trainer.numNodes}')" 2
+  # Again: nothing is submitted.
+  expect 0 mf run "$spec"
+  eq "$(trainjobs pipeline_runs_and_is_cached)" 4 "TrainJobs after the cached run"
+  eq "$(record pipeline_runs_and_is_cached | jq -r '[.stages[] | .status] | unique | join(",")')" cached
+}
+
+case_failing_stage() {
+  local spec
+  spec=$(write_spec failing_stage <<'EOF'
+[stages.broken]
+kind = "command"
+env = { MFLOW_E2E_FAIL = "always" }
+run = ["sh", "-c", "exit 1"]
+EOF
+)
+  expect 1 mf run "$spec"
+  local msg
+  msg=$(record failing_stage | jq -r .stages.broken.message)
+  contains "$msg" "user: rank 0: container node exited with code 1"
+  not_contains "$(last)" "failed (User)"
+}
+
+case_flaky_stage_is_retried() {
+  local spec
+  spec=$(write_spec flaky_stage_is_retried <<'EOF'
+[stages.flaky]
+kind = "command"
+env = { MFLOW_E2E_FAIL = "first" }
+retries = { max = 1, backoff = "1s", on = ["user"] }
+run = ["sh", "-c", "true"]
+EOF
+)
+  expect 0 mf run "$spec"
+  eq "$(record flaky_stage_is_retried | jq -r '[.stages.flaky.attempts[].outcome] | join(",")')" "user,success"
+  kc get trainjobs -l mflow.dev/pipeline=e2e-flaky-stage-is-retried -o name | grep -q -- '-a2$'
+}
+
+case_timeout_is_a_timeout() {
+  local spec
+  spec=$(write_spec timeout_is_a_timeout <<'EOF'
+[stages.hangs]
+kind = "command"
+timeout = "5s"
+env = { MFLOW_E2E_HANG = "true" }
+run = ["sh", "-c", "sleep 1000"]
+EOF
+)
+  expect 3 mf run "$spec"
+  local msg
+  msg=$(record timeout_is_a_timeout | jq -r .stages.hangs.message)
+  contains "$msg" "timeout: "
+  eq "$(grep -o 'exceeded its active deadline' <<<"$msg" | wc -l)" 1 "the deadline is said once: $msg"
+}
+
+SLOW='[stages.slow]
+kind = "command"
+env = { MFLOW_E2E_DURATION = "25s" }
+run = ["sh", "-c", "true"]
+'
+
+case_sigkill_then_reattach() {
+  local spec pid
+  spec=$(write_spec sigkill_then_reattach <<<"$SLOW")
+  mf run "$spec" >"$STATE_DIR/first.out" 2>&1 &
+  pid=$!
+  wait_until 60 pod_running sigkill_then_reattach
+  kill -KILL "$pid"
+  wait "$pid" || true
+  expect 0 mf run "$spec"
+  contains "$(attempt_log sigkill_then_reattach slow)" "reattaching to TrainJob"
+  eq "$(trainjobs sigkill_then_reattach)" 1 "TrainJobs (none resubmitted)"
+}
+
+case_sigterm_detaches_and_reattaches() {
+  local spec pid code=0
+  spec=$(write_spec sigterm_detaches_and_reattaches <<<"$SLOW")
+  mf run "$spec" >"$STATE_DIR/first.out" 2>&1 &
+  pid=$!
+  wait_until 60 pod_running sigterm_detaches_and_reattaches
+  kill -TERM "$pid"
+  wait "$pid" || code=$?
+  cat "$STATE_DIR/first.out"
+  eq "$code" 143 "exit code after SIGTERM"
+  eq "$(record sigterm_detaches_and_reattaches | jq -r .status)" interrupted
+  eq "$(record sigterm_detaches_and_reattaches | jq -r .stages.slow.status)" interrupted
+  # The TrainJob is neither deleted nor being deleted.
+  eq "$(kc get trainjobs -l mflow.dev/pipeline=e2e-sigterm-detaches-and-reattaches -o jsonpath='{.items[*].metadata.deletionTimestamp}')" ""
+  eq "$(trainjobs sigterm_detaches_and_reattaches)" 1
+  expect 0 mf run "$spec"
+  contains "$(attempt_log sigterm_detaches_and_reattaches slow)" "reattaching to TrainJob"
+  eq "$(trainjobs sigterm_detaches_and_reattaches)" 1 "TrainJobs (none resubmitted)"
+}
+
+case_sigint_cancels() {
+  local spec pid code=0
+  spec=$(write_spec sigint_cancels <<<"$SLOW")
+  mf run "$spec" >"$STATE_DIR/first.out" 2>&1 &
+  pid=$!
+  wait_until 60 pod_running sigint_cancels
+  kill -INT "$pid"
+  wait "$pid" || code=$?
+  cat "$STATE_DIR/first.out"
+  eq "$code" 130 "exit code after SIGINT"
+  eq "$(record sigint_cancels | jq -r .status)" cancelled
+  wait_until 60 test "$(trainjobs sigint_cancels)" -eq 0
+}
+
+case_foreign_object_is_left_alone() {
+  local spec name
+  spec=$(write_spec foreign_object_is_left_alone <<'EOF'
+[stages.taken]
+kind = "command"
+run = ["sh", "-c", "true"]
+EOF
+)
+  expect 0 mf render "$spec"
+  name=$(last | awk '/^kind: TrainJob/ {tj=1} tj && /^  name:/ {print $2; exit}')
+  [ -n "$name" ] || { echo "no TrainJob name in the rendered objects"; return 1; }
+  kc apply -f - <<EOF
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {name: $name, labels: {owner: someone-else}}
+spec:
+  runtimeRef: {name: $CPU_RUNTIME}
+  suspend: true
+EOF
+  expect 1 mf run "$spec"
+  local msg
+  msg=$(record foreign_object_is_left_alone | jq -r .stages.taken.message)
+  contains "$msg" "was not created by mflow"
+  not_contains "$msg" 'Some("'
+  eq "$(kc get trainjob "$name" -o jsonpath='{.metadata.labels.owner}')" someone-else "the foreign TrainJob was changed"
+  kc delete trainjob "$name" --wait=false
+}
+
+case_restricted_user() {
+  local spec
+  spec=$(write_spec restricted_user <<<"$DIAMOND")
+  # A user with no rights is stopped by the preflight, which names what is missing and how to
+  # grant it in this namespace.
+  KUBECONFIG="$STATE_DIR/kubeconfig/nobody.kubeconfig" expect 3 mf run "$spec"
+  contains "$(last | tr -s ' │\n' ' ')" "mflow kube rbac --namespace ml"
+  contains "$(last)" "forbidden"
+  eq "$(trainjobs restricted_user)" 0
+  # mflow-user is bound only by the shipped RBAC (examples/kubernetes/rbac.yaml).
+  KUBECONFIG="$STATE_DIR/kubeconfig/mflow-user.kubeconfig" expect 0 mf run "$spec"
+  eq "$(trainjobs restricted_user)" 4
+}
+
+case_service_account_bound_by_shipped_rbac() {
+  local spec sa="$STATE_DIR/sa.kubeconfig"
+  bash "$E2E_DIR/cluster.sh" sa-kubeconfig "$NS" mflow "$sa"
+  spec=$(write_spec service_account_bound_by_shipped_rbac <<<"$DIAMOND")
+  KUBECONFIG="$sa" expect 0 mf run "$spec"
+  eq "$(trainjobs service_account_bound_by_shipped_rbac)" 4
+}
+
+# Without the Trainer controller (its webhooks out of the way, as with a controller that was
+# never installed), a TrainJob is accepted and nothing ever happens to it: mflow says where to
+# look and gives up after start_timeout as an infra failure.
+case_no_trainer_controller() {
+  local spec saved="$STATE_DIR/trainer-webhooks.yaml" code=0
+  spec=$(write_spec no_trainer_controller 'start_timeout = "20s"' <<'EOF'
+[stages.orphan]
+kind = "command"
+run = ["sh", "-c", "true"]
+EOF
+)
+  kc get validatingwebhookconfigurations,mutatingwebhookconfigurations -o yaml >/dev/null
+  kubectl get validatingwebhookconfigurations,mutatingwebhookconfigurations -o name | grep -i trainer >"$STATE_DIR/trainer-webhook-names"
+  xargs kubectl get -o yaml <"$STATE_DIR/trainer-webhook-names" >"$saved"
+  bash "$E2E_DIR/cluster.sh" stop trainer
+  xargs kubectl delete <"$STATE_DIR/trainer-webhook-names"
+  expect 3 mf run "$spec" || code=1
+  local out
+  out=$(last)
+  bash "$E2E_DIR/cluster.sh" start trainer
+  kubectl apply -f "$saved" >/dev/null
+  [ "$code" = 0 ] || return 1
+  contains "$out" "has no pods after 10s"
+  contains "$out" "kubeflow-system"
+  contains "$(record no_trainer_controller | jq -r .stages.orphan.message)" "did not start within 20s"
+  eq "$(trainjobs no_trainer_controller)" 0 "the stuck TrainJob was deleted"
+}
+
+# --- kubelet: real pods ---------------------------------------------------------------------
+
+case_real_outputs_flow_downstream() {
+  local spec
+  spec=$(write_spec real_outputs_flow_downstream <<'EOF'
+[stages.number]
+kind = "command"
+run = ["sh", "-c", "echo 21 > $MFLOW_OUTPUT/n.txt"]
+
+[stages.double]
+kind = "command"
+needs = ["number"]
+run = ["sh", "-c", "echo $(( $(cat $MFLOW_INPUT_NUMBER/n.txt) * 2 )) > $MFLOW_OUTPUT/n.txt"]
+
+[stages.model]
+kind = "model"
+source = "init:llama-tiny"
+
+[stages.convert]
+kind = "convert"
+model = "${stages.model.output}"
+tp = 2
+EOF
+)
+  expect 0 mf run "$spec"
+  local rec out
+  rec=$(record real_outputs_flow_downstream)
+  out=$(jq -r .stages.double.output <<<"$rec")
+  eq "$(cat "$out/n.txt")" 42 "the downstream stage's output"
+  out=$(jq -r .stages.model.output <<<"$rec")
+  [ -f "$out/config.json" ] && [ -f "$out/model.safetensors" ] || { ls -la "$out"; echo "the model stage wrote no HF model"; return 1; }
+  out=$(jq -r .stages.convert.output <<<"$rec")
+  find "$out" -name '*.safetensors' | grep -q . || { find "$out"; echo "convert wrote no shards"; return 1; }
+  contains "$(attempt_log real_outputs_flow_downstream number)" "completed"
+  expect 0 mf run "$spec"
+  eq "$(record real_outputs_flow_downstream | jq -r '[.stages[] | .status] | unique | join(",")')" cached
+}
+
+case_real_oom_kill() {
+  local spec
+  spec=$(write_spec real_oom_kill <<'EOF'
+[stages.greedy]
+kind = "command"
+resources = { memory = "32Mi" }
+run = ["sh", "-c", "dd if=/dev/zero of=/dev/null bs=256M count=4"]
+EOF
+)
+  expect 1 mf run "$spec"
+  contains "$(record real_oom_kill | jq -r .stages.greedy.message)" "oom: rank 0: container node was killed for exceeding its memory limit (OOMKilled)"
+}
+
+case_missing_and_invalid_images() {
+  local spec
+  # An image that no registry can serve: the reason is shown while it waits, and the attempt
+  # is given up as infra after start_timeout.
+  spec=$(write_spec missing_and_invalid_images 'start_timeout = "30s"' <<'EOF'
+[stages.missing]
+kind = "command"
+image = "mflow-e2e/not-there:1"
+run = ["sh", "-c", "true"]
+EOF
+)
+  expect 3 mf run "$spec"
+  contains "$(last)" "ErrImagePull"
+  contains "$(record missing_and_invalid_images | jq -r .stages.missing.message)" "did not start within 30s"
+  # A name that is not an image reference fails at once, as the user's error.
+  spec=$(write_spec missing_and_invalid_images <<'EOF'
+[stages.invalid]
+kind = "command"
+image = "Not A/Valid:Image:Name"
+run = ["sh", "-c", "true"]
+EOF
+)
+  expect 1 mf run "$spec"
+  contains "$(record missing_and_invalid_images | jq -r .stages.invalid.message)" "InvalidImageName"
+}
+
+# cron_job CASE SPEC: applies the objects `mflow schedule render` makes for SPEC, adapted to this
+# cluster (the stage image, and the API server on loopback for a host-network pod), and starts
+# a Job from the CronJob now; prints the Job's name.
+cron_job() {
+  local name
+  mf schedule render "$2" --namespace "$NS" >"$STATE_DIR/schedule.yaml"
+  kc apply -f "$STATE_DIR/schedule.yaml" >/dev/null
+  name=$(awk '/^kind: CronJob/ {c=1} c && /^  name:/ {print $2; exit}' "$STATE_DIR/schedule.yaml")
+  kc patch cronjob "$name" --type=json -p "[
+    {\"op\": \"replace\", \"path\": \"/spec/jobTemplate/spec/template/spec/containers/0/image\", \"value\": \"$E2E_IMAGE\"},
+    {\"op\": \"add\", \"path\": \"/spec/jobTemplate/spec/template/spec/hostNetwork\", \"value\": true},
+    {\"op\": \"add\", \"path\": \"/spec/jobTemplate/spec/template/spec/containers/0/env/-\", \"value\": {\"name\": \"KUBERNETES_SERVICE_HOST\", \"value\": \"127.0.0.1\"}},
+    {\"op\": \"add\", \"path\": \"/spec/jobTemplate/spec/template/spec/containers/0/env/-\", \"value\": {\"name\": \"KUBERNETES_SERVICE_PORT\", \"value\": \"6443\"}}
+  ]" >/dev/null
+  kc create job "$1" --from="cronjob/$name" >/dev/null
+  echo "$1"
+}
+
+SCHEDULED='[schedule]
+cron = "0 3 * * *"
+
+[stages.hello]
+kind = "command"
+run = ["sh", "-c", "echo hello > $MFLOW_OUTPUT/greeting"]
+
+[stages.shout]
+kind = "command"
+needs = ["hello"]
+run = ["sh", "-c", "tr a-z A-Z < $MFLOW_INPUT_HELLO/greeting > $MFLOW_OUTPUT/greeting"]
+'
+
+case_cronjob_runs_mflow_in_a_pod() {
+  local spec job dir
+  spec=$(write_spec cronjob_runs_mflow_in_a_pod <<<"$SCHEDULED")
+  job=$(cron_job cron-now "$spec")
+  if ! kc wait --for=condition=Complete "job/$job" --timeout=180s; then
+    kc logs "job/$job" --tail=80 || true
+    kc describe "job/$job" | tail -20
+    return 1
+  fi
+  kc logs "job/$job" | tail -20
+  dir="$VOLUME/pipelines/mflow-e2e-cronjob-runs-mflow-in-a-pod"
+  [ -s "$dir/junit.xml" ] && [ -s "$dir/report.html" ] || { ls -la "$dir"; echo "no JUnit file or report"; return 1; }
+  eq "$(record cronjob_runs_mflow_in_a_pod | jq -r .status)" succeeded
+  out=$(record cronjob_runs_mflow_in_a_pod | jq -r .stages.shout.output)
+  eq "$(cat "$out/greeting")" HELLO
+  eq "$(trainjobs cronjob_runs_mflow_in_a_pod)" 2
+}
+
+# A pod running mflow is deleted (as by a drain or an eviction): mflow, the container's main
+# process, hears SIGTERM, records the run as interrupted, writes its report, and leaves the
+# TrainJob running.
+case_cronjob_pod_sigterm_detaches() {
+  local spec job pod dir
+  spec=$(write_spec cronjob_pod_sigterm_detaches <<'EOF'
+[schedule]
+cron = "0 3 * * *"
+
+[stages.long]
+kind = "command"
+run = ["sh", "-c", "sleep 3600"]
+EOF
+)
+  job=$(cron_job cron-drain "$spec")
+  wait_until 120 pod_running cronjob_pod_sigterm_detaches
+  pod=$(kc get pods -l "job-name=$job" -o jsonpath='{.items[0].metadata.name}')
+  kc delete pod "$pod" --wait=true --timeout=150s
+  kc logs "job/$job" 2>/dev/null | tail -5 || true
+  dir="$VOLUME/pipelines/mflow-e2e-cronjob-pod-sigterm-detaches"
+  eq "$(record cronjob_pod_sigterm_detaches | jq -r .status)" interrupted
+  [ -s "$dir/report.html" ] || { ls -la "$dir"; echo "no report after SIGTERM"; return 1; }
+  eq "$(trainjobs cronjob_pod_sigterm_detaches)" 1 "the TrainJob was left running"
+  eq "$(kc get trainjobs -l mflow.dev/pipeline=e2e-cronjob-pod-sigterm-detaches -o jsonpath='{.items[*].metadata.deletionTimestamp}')" ""
+  kc delete trainjobs -l mflow.dev/pipeline=e2e-cronjob-pod-sigterm-detaches --wait=false
+}
