@@ -6,6 +6,8 @@
 #                                  kubelet: a real kubelet with containerd and runc)
 #   cluster.sh down                stop what `up` started and remove the state directory
 #   cluster.sh env                 print the exports that point kubectl and tests at it
+#   cluster.sh stop COMPONENT...   stop components of the running cluster (e.g. trainer)
+#   cluster.sh start COMPONENT...  start them again and wait until they serve
 #   cluster.sh sa-kubeconfig NAMESPACE NAME [FILE]
 #                                  write a kubeconfig with a fresh token of a ServiceAccount
 #
@@ -67,7 +69,7 @@ alive() { pid_of "$1" >/dev/null; }
 start() {
   local name=$1
   shift
-  setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
   local pid=$!
   echo "$pid $(start_time "$pid")" >"$PIDS/$name.pid"
 }
@@ -953,6 +955,40 @@ export PATH=$KUBE_BIN_DIR:\$PATH
 EOF
 }
 
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler jobset trainer kwok containerd kubelet)
+
+# start_again COMPONENT: starts one stopped component of the running cluster and waits until
+# it serves again (tests use it to take a controller away and bring it back).
+start_again() {
+  local c=$1 mode
+  mode=$(cat "$STATE_DIR/mode")
+  if alive "$c"; then
+    log "$c is running"
+    return 0
+  fi
+  case $c in
+    kube-controller-manager) start_controller_manager ;;
+    kube-scheduler) start_scheduler ;;
+    jobset)
+      start_jobset
+      wait_for jobset 60 "JobSet readyz" http_ok "http://127.0.0.1:$JOBSET_HEALTH_PORT/readyz"
+      ;;
+    trainer)
+      start_trainer
+      wait_for trainer 60 "Trainer readyz" http_ok "http://127.0.0.1:$TRAINER_HEALTH_PORT/readyz"
+      ;;
+    kwok | kubelet)
+      [ "$c" = "$mode" ] || die "this cluster runs in mode $mode; $c is not part of it"
+      "start_$c"
+      wait_for "$c" 90 "node $NODE Ready" node_ready
+      ;;
+    *) die "$c cannot be restarted on its own (one of: kube-controller-manager kube-scheduler jobset trainer kwok kubelet)" ;;
+  esac
+  log "$c started"
+}
+
+need_cluster() { [ -f "$STATE_DIR/env" ] || die "no cluster in $STATE_DIR; run $0 up"; }
+
 main() {
   local cmd=${1:-}
   [ $# -gt 0 ] && shift
@@ -963,15 +999,31 @@ main() {
       log "cluster down"
       ;;
     env)
-      [ -f "$STATE_DIR/env" ] || die "no cluster in $STATE_DIR; run $0 up"
+      need_cluster
       cat "$STATE_DIR/env"
+      ;;
+    stop)
+      need_cluster
+      [ $# -ge 1 ] || die "usage: $0 stop COMPONENT..."
+      local c
+      for c in "$@"; do
+        case " ${COMPONENTS[*]} " in *" $c "*) ;; *) die "unknown component $c (one of: ${COMPONENTS[*]})" ;; esac
+      done
+      stop_components "$@"
+      log "stopped $*"
+      ;;
+    start)
+      need_cluster
+      [ $# -ge 1 ] || die "usage: $0 start COMPONENT..."
+      local c
+      for c in "$@"; do start_again "$c"; done
       ;;
     sa-kubeconfig)
       [ $# -ge 2 ] || die "usage: $0 sa-kubeconfig NAMESPACE NAME [FILE]"
       sa_kubeconfig "$1" "$2" "${3:-$KCFG/sa-$1-$2.kubeconfig}"
       echo "${3:-$KCFG/sa-$1-$2.kubeconfig}"
       ;;
-    *) die "usage: $0 up [kwok|kubelet] | down | env | sa-kubeconfig NAMESPACE NAME [FILE]" ;;
+    *) die "usage: $0 up [kwok|kubelet] | down | env | stop COMPONENT... | start COMPONENT... | sa-kubeconfig NAMESPACE NAME [FILE]" ;;
   esac
 }
 
