@@ -3,9 +3,11 @@
 //! discovery of the Trainer group; SelfSubjectAccessReview; Status bodies for 400, 403, 404,
 //! 409 and 422; resourceVersion and watch resumption from a resourceVersion.
 //!
-//! TrainJob creation is admitted like Trainer's webhook does: the body is validated against the
-//! real TrainJob CRD schema, the name rules, the reserved PET_* variables and the existence of
-//! the referenced ClusterTrainingRuntime.
+//! Trainer's objects (TrainJob, TrainingRuntime, ClusterTrainingRuntime) are admitted as a
+//! Kubernetes v1.35 server with Trainer v2.3 installed admits them, on create and on update:
+//! unknown fields refused (`fieldValidation=Strict`, 400), defaults applied, the name, the real
+//! CRD schema and its CEL rules checked (422), then Trainer's webhooks: patch times stamped,
+//! the runtime must exist and reserved PET_* variables are refused (403).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -21,6 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc};
 
 use super::schema;
+use super::structural::{ErrorKind, FieldError, Structural};
 
 #[derive(Clone, Debug)]
 pub struct Change {
@@ -58,7 +61,54 @@ pub struct Inner {
 pub struct Shared {
     pub inner: Mutex<Inner>,
     changes: broadcast::Sender<Change>,
-    trainjob_schema: jsonschema::Validator,
+    /// The resources served from Trainer's CRDs, by plural.
+    crds: HashMap<&'static str, Crd>,
+}
+
+/// A resource served from a CRD: its schema as JSON Schema and as a structural schema.
+struct Crd {
+    schema: jsonschema::Validator,
+    structural: Structural,
+    status_subresource: bool,
+}
+
+impl Crd {
+    fn load(file: &str) -> Crd {
+        let crd = schema::crd(file);
+        let structural = Structural::compile(&crd, "v1alpha1").unwrap_or_else(|e| panic!("{e}"));
+        let version = crd["spec"]["versions"].as_array().and_then(|v| v.iter().find(|v| v["name"] == "v1alpha1"));
+        let status_subresource = version.is_some_and(|v| v["subresources"].get("status").is_some());
+        Crd { schema: schema::crd_validator(&crd), structural, status_subresource }
+    }
+}
+
+/// The `fieldValidation` query parameter of create and update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldValidation {
+    Strict,
+    Warn,
+    Ignore,
+}
+
+impl FieldValidation {
+    /// Without the parameter the real server warns and drops unknown fields; this one refuses
+    /// them, so that a test sees what a real cluster would silently lose.
+    fn from_query(query: &HashMap<String, String>, options: &str) -> Result<FieldValidation, Failure> {
+        match query.get("fieldValidation").map(String::as_str) {
+            None | Some("") | Some("Strict") => Ok(FieldValidation::Strict),
+            Some("Warn") => Ok(FieldValidation::Warn),
+            Some("Ignore") => Ok(FieldValidation::Ignore),
+            Some(other) => {
+                let e = FieldError {
+                    path: "fieldValidation".into(),
+                    kind: ErrorKind::NotSupported(json!(other).to_string()),
+                    detail: r#"supported values: "", "Ignore", "Strict", "Warn""#.into(),
+                };
+                let what = format!("{options}.meta.k8s.io");
+                Err(invalid_failure(&what, "", "meta.k8s.io", options, std::slice::from_ref(&e), &[e.to_string()]))
+            }
+        }
+    }
 }
 
 pub type Failure = (StatusCode, Value);
@@ -72,6 +122,7 @@ fn kind_of(resource: &str) -> (&'static str, &'static str) {
     match resource {
         "trainjobs" => ("TrainJob", "trainer.kubeflow.org/v1alpha1"),
         "clustertrainingruntimes" => ("ClusterTrainingRuntime", "trainer.kubeflow.org/v1alpha1"),
+        "trainingruntimes" => ("TrainingRuntime", "trainer.kubeflow.org/v1alpha1"),
         "pods" => ("Pod", "v1"),
         "configmaps" => ("ConfigMap", "v1"),
         "persistentvolumeclaims" => ("PersistentVolumeClaim", "v1"),
@@ -82,7 +133,7 @@ fn kind_of(resource: &str) -> (&'static str, &'static str) {
 
 fn group_of(resource: &str) -> &'static str {
     match resource {
-        "trainjobs" | "clustertrainingruntimes" => "trainer.kubeflow.org",
+        "trainjobs" | "clustertrainingruntimes" | "trainingruntimes" => "trainer.kubeflow.org",
         "customresourcedefinitions" => "apiextensions.k8s.io",
         _ => "",
     }
@@ -127,7 +178,7 @@ impl Shared {
         }
         meta["uid"] = json!(format!("00000000-0000-0000-0000-{:012}", inner.uid));
         meta["resourceVersion"] = json!(inner.rv.to_string());
-        meta["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+        meta["creationTimestamp"] = json!(NOW);
         meta["generation"] = json!(1);
         inner.objects.insert(id, obj.clone());
         self.emit(&mut inner, resource, ns, "ADDED", obj.clone());
@@ -229,44 +280,234 @@ impl Shared {
         self.changes.subscribe()
     }
 
-    /// Trainer's admission of a TrainJob: schema, name, reserved env, runtime existence.
-    fn admit_trainjob(&self, obj: &Value) -> Result<(), Failure> {
-        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
-        let invalid = |msg: String| {
-            let body = status_body(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "Invalid",
-                &format!("TrainJob.trainer.kubeflow.org \"{name}\" is invalid: {msg}"),
-            );
-            (StatusCode::UNPROCESSABLE_ENTITY, body)
+    /// What the API server and Trainer's webhooks do with a body before storing it: the object
+    /// is pruned, defaulted and stamped in place; the warnings are the response's.
+    pub fn admit(
+        &self,
+        resource: &str,
+        ns: &str,
+        obj: &mut Value,
+        old: Option<&Value>,
+        validation: FieldValidation,
+    ) -> Result<Vec<String>, Failure> {
+        let Some(crd) = self.crds.get(resource) else { return Ok(Vec::new()) };
+        let (kind, _) = kind_of(resource);
+        let group = group_of(resource);
+        let mut warnings = Vec::new();
+        let unknown: Vec<String> =
+            crd.structural.prune(obj).iter().map(|p| format!("unknown field {}", json!(p))).collect();
+        if !unknown.is_empty() {
+            match validation {
+                FieldValidation::Strict => {
+                    let msg = format!(
+                        "{kind} in version \"v1alpha1\" cannot be handled as a {kind}: strict decoding error: {}",
+                        unknown.join(", ")
+                    );
+                    return Err((StatusCode::BAD_REQUEST, status_body(StatusCode::BAD_REQUEST, "BadRequest", &msg)));
+                }
+                FieldValidation::Warn => warnings.extend(unknown),
+                FieldValidation::Ignore => {}
+            }
+        }
+        // With a status subresource, the main resource never writes status.
+        if crd.status_subresource {
+            match old.and_then(|o| o.get("status")) {
+                Some(status) => obj["status"] = status.clone(),
+                None => {
+                    if let Some(map) = obj.as_object_mut() {
+                        map.remove("status");
+                    }
+                }
+            }
+        }
+        crd.structural.default(obj);
+        if resource == "trainjobs" {
+            stamp_patch_times(obj, old);
+        }
+
+        let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let mut errors = name_errors(obj);
+        let (schema_errors, blocking) = schema::check(&crd.schema, obj);
+        let mut messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        messages.extend(schema_errors);
+        if blocking {
+            let skipped = FieldError::invalid("", Some("\"null\"".into()), "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation");
+            messages.push(skipped.to_string());
+            errors.push(skipped);
+        } else {
+            let (failed, ratcheted) = crd.structural.validate(obj, old);
+            messages.extend(failed.iter().map(ToString::to_string));
+            errors.extend(failed);
+            warnings.extend(ratcheted.iter().map(ToString::to_string));
+        }
+        if !messages.is_empty() {
+            return Err(invalid_failure(&format!("{kind}.{group}"), &name, group, kind, &errors, &messages));
+        }
+        if resource == "trainjobs" {
+            self.validate_trainjob(ns, obj)?;
+        }
+        Ok(warnings)
+    }
+
+    /// Trainer's validating webhook for TrainJobs: the runtime must exist, and a torch runtime
+    /// injects the PET_* variables itself.
+    fn validate_trainjob(&self, ns: &str, obj: &Value) -> Result<(), Failure> {
+        let denied = |msg: String| {
+            let msg = format!("admission webhook \"validator.trainjob.trainer.kubeflow.org\" denied the request: {msg}");
+            (StatusCode::FORBIDDEN, status_body(StatusCode::FORBIDDEN, "Forbidden", &msg))
         };
-        let errors = schema::violations(&self.trainjob_schema, obj);
-        if !errors.is_empty() {
-            return Err(invalid(errors.join("; ")));
-        }
-        let rfc1035 = name.len() <= 63
-            && name.starts_with(|c: char| c.is_ascii_lowercase())
-            && !name.ends_with('-')
-            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !rfc1035 {
-            return Err(invalid("metadata.name must match RFC 1035 DNS label format".into()));
-        }
-        for env in obj["spec"]["trainer"]["env"].as_array().into_iter().flatten() {
-            let var = env["name"].as_str().unwrap_or_default();
-            if var.starts_with("PET_") {
-                return Err(invalid(format!(
-                    "admission webhook \"validator.trainjob.trainer.kubeflow.org\" denied the request: spec.trainer.env: Invalid value: \"{var}\": must not have reserved envs"
+        let reference = &obj["spec"]["runtimeRef"];
+        let name = reference["name"].as_str().unwrap_or_default();
+        let group = reference["apiGroup"].as_str().unwrap_or("trainer.kubeflow.org");
+        let kind = reference["kind"].as_str().unwrap_or("ClusterTrainingRuntime");
+        let (resource, scope, path, what) = match (kind, group) {
+            ("ClusterTrainingRuntime", "trainer.kubeflow.org") => {
+                ("clustertrainingruntimes", "", "spec.RuntimeRef", "clusterTrainingRuntime")
+            }
+            ("TrainingRuntime", "trainer.kubeflow.org") => ("trainingruntimes", ns, "spec.runtimeRef", "trainingRuntime"),
+            _ => return Err(denied(format!("unsupported runtime: {kind}.{group}"))),
+        };
+        let Some(runtime) = self.get(resource, scope, name) else {
+            // Go's JSON of the RuntimeRef struct, in its field order.
+            let shown = format!("{{\"name\":{},\"apiGroup\":{},\"kind\":{}}}", json!(name), json!(group), json!(kind));
+            return Err(denied(format!(
+                "{path}: Invalid value: {shown}: {resource}.trainer.kubeflow.org {} not found: specified {what} must be created before the TrainJob is created",
+                json!(name)
+            )));
+        };
+        let trainer = &obj["spec"]["trainer"];
+        let torchtune = trainer["command"] == json!(["tune", "run"]);
+        if runtime["spec"]["mlPolicy"].get("torch").is_some() && !torchtune {
+            let env = trainer["env"].as_array().cloned().unwrap_or_default();
+            let mut reserved: Vec<&str> = env
+                .iter()
+                .filter_map(|e| e["name"].as_str())
+                .filter(|n| TORCHRUN_RESERVED_ENV.contains(n))
+                .collect();
+            reserved.sort();
+            reserved.dedup();
+            if !reserved.is_empty() {
+                let shown: Vec<String> = env.iter().map(env_json).collect();
+                return Err(denied(format!(
+                    "spec.trainer.env: Invalid value: [{}]: must not have reserved envs, invalid envs configured: [{}]",
+                    shown.join(","),
+                    reserved.join(" ")
                 )));
             }
         }
-        let runtime = obj["spec"]["runtimeRef"]["name"].as_str().unwrap_or_default();
-        if self.get("clustertrainingruntimes", "", runtime).is_none() {
-            return Err(invalid(format!(
-                "spec.runtimeRef: Invalid value: \"{runtime}\": specified clusterTrainingRuntime must be created before the TrainJob is created"
-            )));
-        }
         Ok(())
     }
+}
+
+/// What Trainer's torch plugin sets on the `node` container (`TorchRunReservedEnvNames`).
+const TORCHRUN_RESERVED_ENV: &[&str] = &["PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"];
+
+/// Go's JSON of a corev1.EnvVar: name, value (left out when empty), valueFrom.
+fn env_json(env: &Value) -> String {
+    let mut out = format!("{{\"name\":{}", env["name"]);
+    if let Some(v) = env["value"].as_str().filter(|v| !v.is_empty()) {
+        out.push_str(&format!(",\"value\":{}", json!(v)));
+    }
+    if let Some(from) = env.get("valueFrom") {
+        out.push_str(&format!(",\"valueFrom\":{from}"));
+    }
+    out.push('}');
+    out
+}
+
+/// Trainer's defaulting webhook: every runtime patch carries the time it was last changed.
+fn stamp_patch_times(obj: &mut Value, old: Option<&Value>) {
+    let old_patches = old.and_then(|o| o["spec"]["runtimePatches"].as_array()).cloned().unwrap_or_default();
+    let Some(patches) = obj["spec"].get_mut("runtimePatches").and_then(Value::as_array_mut) else { return };
+    for patch in patches {
+        let before = old_patches.iter().find(|p| p["manager"] == patch["manager"]);
+        let untimed = |p: &Value| {
+            let mut p = p.clone();
+            if let Some(m) = p.as_object_mut() {
+                m.remove("time");
+            }
+            p
+        };
+        match before {
+            Some(b) if untimed(b) == untimed(patch) && b.get("time").is_some() => patch["time"] = b["time"].clone(),
+            _ if patch.get("time").is_none() => patch["time"] = json!(NOW),
+            _ => {}
+        }
+    }
+}
+
+/// The fake cluster's clock.
+const NOW: &str = "2026-01-01T00:00:00Z";
+
+/// The name rules of every custom resource (a DNS subdomain).
+fn name_errors(obj: &Value) -> Vec<FieldError> {
+    let meta = &obj["metadata"];
+    let name = meta["name"].as_str().unwrap_or_default();
+    if name.is_empty() {
+        return if meta["generateName"].as_str().is_some_and(|g| !g.is_empty()) {
+            Vec::new()
+        } else {
+            vec![FieldError {
+                path: "metadata.name".into(),
+                kind: ErrorKind::Required,
+                detail: "name or generateName is required".into(),
+            }]
+        };
+    }
+    let shown = Some(json!(name).to_string());
+    let mut errors = Vec::new();
+    if name.len() > 253 {
+        errors.push(FieldError::invalid("metadata.name", shown.clone(), "must be no more than 253 characters"));
+    }
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if !name.split('.').all(label) {
+        errors.push(FieldError::invalid(
+            "metadata.name",
+            shown,
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
+        ));
+    }
+    errors
+}
+
+/// `utilerrors.Aggregate`: one message alone, several in brackets, duplicates once.
+fn aggregate(messages: &[String]) -> String {
+    let mut seen: Vec<&String> = Vec::new();
+    for m in messages {
+        if !seen.contains(&m) {
+            seen.push(m);
+        }
+    }
+    let joined = seen.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ");
+    if seen.len() == 1 {
+        joined
+    } else {
+        format!("[{joined}]")
+    }
+}
+
+/// A 422 Invalid Status: `Kind.group "name" is invalid: ...`, with a cause per field error.
+fn invalid_failure(
+    what: &str,
+    name: &str,
+    group: &str,
+    kind: &str,
+    errors: &[FieldError],
+    messages: &[String],
+) -> Failure {
+    let code = StatusCode::UNPROCESSABLE_ENTITY;
+    let mut body = status_body(code, "Invalid", &format!("{what} {} is invalid: {}", json!(name), aggregate(messages)));
+    let causes: Vec<Value> = errors
+        .iter()
+        .map(|e| json!({"reason": e.cause_reason(), "message": e.body(), "field": e.path}))
+        .collect();
+    body["details"] = json!({"name": name, "group": group, "kind": kind, "causes": causes});
+    (code, body)
 }
 
 pub struct FakeApi {
@@ -285,6 +526,11 @@ impl FakeApi {
     pub async fn start() -> FakeApi {
         let trainjob_crd = schema::crd("trainer.kubeflow.org_trainjobs.yaml");
         let (changes, _) = broadcast::channel(4096);
+        let crds = HashMap::from([
+            ("trainjobs", Crd::load("trainer.kubeflow.org_trainjobs.yaml")),
+            ("trainingruntimes", Crd::load("trainer.kubeflow.org_trainingruntimes.yaml")),
+            ("clustertrainingruntimes", Crd::load("trainer.kubeflow.org_clustertrainingruntimes.yaml")),
+        ]);
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
                 rv: 100,
@@ -299,7 +545,7 @@ impl FakeApi {
                 trainer_installed: true,
             }),
             changes,
-            trainjob_schema: schema::crd_validator(&trainjob_crd),
+            crds,
         });
         shared.insert("customresourcedefinitions", "", trainjob_crd).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -326,8 +572,15 @@ impl FakeApi {
         path
     }
 
-    /// Installs a ClusterTrainingRuntime from the shared Kubeflow data or the examples.
-    pub fn add_runtime(&self, runtime: Value) {
+    /// Installs a ClusterTrainingRuntime from the shared Kubeflow data or the examples, as
+    /// `kubectl apply` would: a runtime the server refuses fails the test.
+    pub fn add_runtime(&self, mut runtime: Value) {
+        let name = runtime["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        if let Err((code, body)) =
+            self.shared.admit("clustertrainingruntimes", "", &mut runtime, None, FieldValidation::Strict)
+        {
+            panic!("ClusterTrainingRuntime {name:?} refused ({code}): {}", body["message"]);
+        }
         self.shared.insert("clustertrainingruntimes", "", runtime).unwrap();
     }
 
@@ -441,7 +694,7 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             }
         }
         ("create", _) => create(&shared, &target, &body, &query),
-        ("update", _) => update(&shared, &target, &body),
+        ("update", _) => update(&shared, &target, &body, &query),
         ("delete", _) => {
             let name = target.name.as_deref().unwrap();
             match shared.remove(&target.resource, &target.ns, name) {
@@ -549,29 +802,34 @@ fn list(shared: &Shared, target: &Target, query: &HashMap<String, String>) -> Re
 }
 
 fn create(shared: &Shared, target: &Target, body: &Bytes, query: &HashMap<String, String>) -> Response {
-    let obj: Value = match serde_json::from_slice(body) {
+    let mut obj: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => return respond(StatusCode::BAD_REQUEST, status_body(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string())),
     };
-    if target.resource == "trainjobs" {
-        if let Err(f) = shared.admit_trainjob(&obj) {
-            return fail(f);
-        }
-    }
+    let warnings = match FieldValidation::from_query(query, "CreateOptions")
+        .and_then(|v| shared.admit(&target.resource, &target.ns, &mut obj, None, v))
+    {
+        Ok(w) => w,
+        Err(f) => return fail(f),
+    };
     if query.get("dryRun").is_some() {
-        return respond(StatusCode::CREATED, obj);
+        return with_warnings(respond(StatusCode::CREATED, obj), &warnings);
     }
     match shared.insert(&target.resource, &target.ns, obj) {
-        Ok(obj) => respond(StatusCode::CREATED, obj),
+        Ok(obj) => with_warnings(respond(StatusCode::CREATED, obj), &warnings),
         Err(f) => fail(f),
     }
 }
 
-fn update(shared: &Shared, target: &Target, body: &Bytes) -> Response {
+fn update(shared: &Shared, target: &Target, body: &Bytes, query: &HashMap<String, String>) -> Response {
     let name = target.name.clone().unwrap_or_default();
-    let new: Value = match serde_json::from_slice(body) {
+    let mut new: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => return respond(StatusCode::BAD_REQUEST, status_body(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string())),
+    };
+    let validation = match FieldValidation::from_query(query, "UpdateOptions") {
+        Ok(v) => v,
+        Err(f) => return fail(f),
     };
     let Some(old) = shared.get(&target.resource, &target.ns, &name) else {
         return not_found(&target.resource, &name);
@@ -584,6 +842,10 @@ fn update(shared: &Shared, target: &Target, body: &Bytes) -> Response {
         let msg = format!("ConfigMap \"{name}\" is invalid: data: Forbidden: field is immutable when `immutable` is set");
         return respond(StatusCode::UNPROCESSABLE_ENTITY, status_body(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &msg));
     }
+    let warnings = match shared.admit(&target.resource, &target.ns, &mut new, Some(&old), validation) {
+        Ok(w) => w,
+        Err(f) => return fail(f),
+    };
     let mut stored = Value::Null;
     shared.modify(&target.resource, &target.ns, &name, |obj| {
         let meta = obj["metadata"].clone();
@@ -597,7 +859,17 @@ fn update(shared: &Shared, target: &Target, body: &Bytes) -> Response {
         stored = obj.clone();
     });
     stored = shared.get(&target.resource, &target.ns, &name).unwrap_or(stored);
-    respond(StatusCode::OK, stored)
+    with_warnings(respond(StatusCode::OK, stored), &warnings)
+}
+
+/// One `Warning: 299 - "..."` header per warning, as the API server sends them.
+fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        if let Ok(value) = format!("299 - {}", json!(w)).parse() {
+            response.headers_mut().append("warning", value);
+        }
+    }
+    response
 }
 
 /// Watch from `resourceVersion` (exclusive); `0` or none starts with the current objects.

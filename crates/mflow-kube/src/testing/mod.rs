@@ -4,3 +4,4 @@
 pub mod controller;
 pub mod fake_api;
 pub mod schema;
+pub mod structural;

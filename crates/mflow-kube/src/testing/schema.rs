@@ -75,3 +75,22 @@ pub fn to_json_schema(node: &mut Value) {
 pub fn violations(validator: &jsonschema::Validator, instance: &Value) -> Vec<String> {
     validator.iter_errors(instance).map(|e| format!("{}: {}", e.instance_path(), e)).collect()
 }
+
+/// The violations, and whether one of them keeps the API server from evaluating the CEL rules
+/// (a wrong type, a missing required field, a value over its limit, or not in its enum).
+pub fn check(validator: &jsonschema::Validator, instance: &Value) -> (Vec<String>, bool) {
+    use jsonschema::error::ValidationErrorKind as K;
+    let mut blocking = false;
+    let found = validator
+        .iter_errors(instance)
+        .map(|e| {
+            blocking |= matches!(
+                e.kind(),
+                K::Type { .. } | K::Required { .. } | K::MaxLength { .. } | K::MaxItems { .. } | K::MaxProperties { .. }
+                    | K::Enum { .. } | K::AnyOf { .. }
+            );
+            format!("{}: {}", e.instance_path(), e)
+        })
+        .collect();
+    (found, blocking)
+}
