@@ -21,22 +21,6 @@ pub struct KubeBackend {
     pub(crate) url: String,
 }
 
-/// Permissions mflow needs in its namespace: (verb, group, resource, subresource).
-const NEEDED: &[(&str, &str, &str, &str)] = &[
-    ("create", TRAINER_GROUP, "trainjobs", ""),
-    ("get", TRAINER_GROUP, "trainjobs", ""),
-    ("list", TRAINER_GROUP, "trainjobs", ""),
-    ("watch", TRAINER_GROUP, "trainjobs", ""),
-    ("delete", TRAINER_GROUP, "trainjobs", ""),
-    ("list", "", "pods", ""),
-    ("watch", "", "pods", ""),
-    ("get", "", "pods", "log"),
-    ("create", "", "configmaps", ""),
-    ("get", "", "configmaps", ""),
-    ("list", "", "configmaps", ""),
-    ("update", "", "configmaps", ""),
-];
-
 pub(crate) fn trainjob_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(TRAINER_GROUP, TRAINER_VERSION, "TrainJob"), "trainjobs")
 }
@@ -74,7 +58,7 @@ impl KubeBackend {
             .client
             .apiserver_version()
             .await
-            .map_err(|e| KubeError::from_call(e, "get", "version", "", "", &backend.url))?;
+            .map_err(|e| KubeError::from_call(e, "get", "version", "", None, backend.namespace(), &backend.url))?;
         Ok(backend)
     }
 
@@ -95,7 +79,12 @@ impl KubeBackend {
     }
 
     pub(crate) fn call_err(&self, e: kube::Error, verb: &str, resource: &str, name: &str) -> KubeError {
-        KubeError::from_call(e, verb, resource, name, self.namespace(), &self.url)
+        KubeError::from_call(e, verb, resource, name, Some(self.namespace()), self.namespace(), &self.url)
+    }
+
+    /// For calls on cluster-scoped resources (runtimes, CRDs, access reviews).
+    pub(crate) fn cluster_call_err(&self, e: kube::Error, verb: &str, resource: &str, name: &str) -> KubeError {
+        KubeError::from_call(e, verb, resource, name, None, self.namespace(), &self.url)
     }
 
     /// Checks everything a stage needs before the first one is submitted: the Trainer API and its
@@ -117,7 +106,7 @@ impl KubeBackend {
             Err(e) if api_status(&e).is_some_and(|s| s.is_not_found()) => {
                 return Err(KubeError::TrainerMissing { resource: "trainjobs".into() })
             }
-            Err(e) => return Err(self.call_err(e, "get", "API discovery", &gv)),
+            Err(e) => return Err(self.cluster_call_err(e, "get", "API discovery", &gv)),
         };
         for needed in ["trainjobs", "clustertrainingruntimes"] {
             if !resources.iter().any(|r| r.name == needed) {
@@ -134,18 +123,18 @@ impl KubeBackend {
                 tracing::debug!("cannot read the TrainJob CRD; skipping the Trainer version check");
                 Ok(())
             }
-            Err(e) => Err(self.call_err(e, "get", "customresourcedefinitions", "trainjobs.trainer.kubeflow.org")),
+            Err(e) => Err(self.cluster_call_err(e, "get", "customresourcedefinitions", "trainjobs.trainer.kubeflow.org")),
         }
     }
 
     async fn check_permissions(&self) -> Result<(), KubeError> {
         let reviews: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
         let mut denied = Vec::new();
-        for (verb, group, resource, sub) in NEEDED {
+        for (verb, group, resource, sub, cluster) in crate::rbac::needed() {
             let review = SelfSubjectAccessReview {
                 spec: SelfSubjectAccessReviewSpec {
                     resource_attributes: Some(ResourceAttributes {
-                        namespace: Some(self.namespace().to_string()),
+                        namespace: (!cluster).then(|| self.namespace().to_string()),
                         verb: Some(verb.to_string()),
                         group: Some(group.to_string()),
                         resource: Some(resource.to_string()),
@@ -159,21 +148,22 @@ impl KubeBackend {
             let answer = reviews
                 .create(&PostParams::default(), &review)
                 .await
-                .map_err(|e| self.call_err(e, "create", "selfsubjectaccessreviews", ""))?;
+                .map_err(|e| self.cluster_call_err(e, "create", "selfsubjectaccessreviews", ""))?;
             if !answer.status.is_some_and(|s| s.allowed) {
                 let full = if sub.is_empty() { resource.to_string() } else { format!("{resource}/{sub}") };
-                denied.push((verb.to_string(), full));
+                denied.push((verb.to_string(), full, cluster));
             }
         }
         match denied.first() {
             None => Ok(()),
-            Some((verb, resource)) => Err(KubeError::Forbidden {
+            Some((verb, resource, cluster)) => Err(KubeError::Forbidden {
                 verb: verb.clone(),
                 resource: resource.clone(),
-                namespace: self.namespace().to_string(),
+                namespace: (!cluster).then(|| self.namespace().to_string()),
+                rbac_namespace: self.namespace().to_string(),
                 message: format!(
-                    "missing permissions: {}",
-                    denied.iter().map(|(v, r)| format!("{v} {r}")).collect::<Vec<_>>().join(", ")
+                    "the preflight's access review denies: {}",
+                    denied.iter().map(|(v, r, _)| format!("{v} {r}")).collect::<Vec<_>>().join(", ")
                 ),
             }),
         }
@@ -192,7 +182,7 @@ impl KubeBackend {
                     .unwrap_or_default();
                 Err(KubeError::RuntimeMissing { name: name.to_string(), available })
             }
-            Err(e) => Err(self.call_err(e, "get", "clustertrainingruntimes", name)),
+            Err(e) => Err(self.cluster_call_err(e, "get", "clustertrainingruntimes", name)),
         }
     }
 

@@ -85,7 +85,9 @@ pub fn stuck_pod(pod: &Pod) -> Option<String> {
 /// other ranks' errors are consequences), OOM kill (oom), a non-zero exit (user).
 pub fn classify_failure(reason: &str, message: &str, pods: &[Pod]) -> (FailureClass, String) {
     if reason == "DeadlineExceeded" {
-        return (FailureClass::Timeout, format!("TrainJob exceeded its active deadline: {message}"));
+        // Trainer's message already says it ("TrainJob exceeded its active deadline").
+        let message = if message.trim().is_empty() { "TrainJob exceeded its active deadline" } else { message.trim() };
+        return (FailureClass::Timeout, format!("{message} (activeDeadlineSeconds)"));
     }
     for pod in pods {
         if let Some(why) = disruption(pod) {

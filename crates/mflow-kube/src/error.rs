@@ -3,8 +3,17 @@
 use miette::Diagnostic;
 use thiserror::Error;
 
-/// Where the least-privilege RBAC manifest lives; printed in every permission error.
+/// Where the least-privilege RBAC manifest lives (for namespace `ml`; `mflow kube rbac`
+/// renders it for any namespace).
 pub const RBAC_EXAMPLE: &str = "examples/kubernetes/rbac.yaml";
+
+/// `in namespace "ml"`, or `(cluster-scoped)` for resources that have no namespace.
+fn scope(namespace: &Option<String>) -> String {
+    match namespace {
+        Some(ns) => format!("in namespace {ns:?}"),
+        None => "(cluster-scoped)".to_string(),
+    }
+}
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum KubeError {
@@ -22,12 +31,20 @@ pub enum KubeError {
     )]
     Unreachable { url: String, message: String },
 
-    #[error("forbidden: cannot {verb} {resource} in namespace {namespace:?}: {message}")]
+    #[error("forbidden: cannot {verb} {resource} {}: {message}", scope(namespace))]
     #[diagnostic(
         code(mflow::kube::forbidden),
-        help("grant the identity mflow runs as the `{verb}` verb on `{resource}`; {RBAC_EXAMPLE} lists the least privilege mflow needs (kubectl apply -n <namespace> -f {RBAC_EXAMPLE})")
+        help("grant the identity mflow runs as the rights mflow needs: `mflow kube rbac --namespace {rbac_namespace} --service-account mflow | kubectl apply -f -` (add --user NAME or --group NAME to bind a person)")
     )]
-    Forbidden { verb: String, resource: String, namespace: String, message: String },
+    Forbidden {
+        verb: String,
+        resource: String,
+        /// `None` for a cluster-scoped resource.
+        namespace: Option<String>,
+        /// The namespace mflow works in, for the help.
+        rbac_namespace: String,
+        message: String,
+    },
 
     #[error("the Kubeflow Trainer API (trainer.kubeflow.org/v1alpha1 {resource}) is not installed on this cluster")]
     #[diagnostic(
@@ -106,19 +123,22 @@ pub enum KubeError {
 
 impl KubeError {
     /// Maps a client error of one API call to the error that says what to do about it.
+    /// `namespace` is `None` for cluster-scoped resources; `home` is the namespace mflow works in.
     pub(crate) fn from_call(
         err: kube::Error,
         verb: &str,
         resource: &str,
         name: &str,
-        namespace: &str,
+        namespace: Option<&str>,
+        home: &str,
         url: &str,
     ) -> KubeError {
         match err {
-            kube::Error::Api(status) if status.is_forbidden() || status.code == 401 => KubeError::Forbidden {
+            kube::Error::Api(status) if (status.is_forbidden() && !is_admission_denial(&status)) || status.code == 401 => KubeError::Forbidden {
                 verb: verb.to_string(),
                 resource: resource.to_string(),
-                namespace: namespace.to_string(),
+                namespace: namespace.map(str::to_string),
+                rbac_namespace: home.to_string(),
                 message: status.message.clone(),
             },
             kube::Error::Api(status) => KubeError::Api {
@@ -127,16 +147,39 @@ impl KubeError {
                 name: name.to_string(),
                 message: format!("{} ({}, HTTP {})", status.message, status.reason, status.code),
             },
-            kube::Error::HyperError(e) => KubeError::Unreachable { url: url.to_string(), message: e.to_string() },
-            kube::Error::Service(e) => KubeError::Unreachable { url: url.to_string(), message: e.to_string() },
+            kube::Error::HyperError(_) | kube::Error::Service(_) => KubeError::Unreachable { url: url.to_string(), message: describe(&err) },
             other => KubeError::Api {
                 verb: verb.to_string(),
                 resource: resource.to_string(),
                 name: name.to_string(),
-                message: other.to_string(),
+                message: describe(&other),
             },
         }
     }
+}
+
+/// A client error in words: the server's message when it answered, else the chain of causes
+/// (never the error's debug form).
+pub fn describe(err: &kube::Error) -> String {
+    if let kube::Error::Api(status) = err {
+        return format!("{} ({}, HTTP {})", status.message, status.reason, status.code);
+    }
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// A refusal by an admission webhook (Trainer's validator, say), whatever its HTTP code.
+pub(crate) fn is_admission_denial(status: &kube::core::Status) -> bool {
+    status.message.contains("admission webhook") && status.message.contains("denied the request")
 }
 
 /// The status carried by an API error, if the server answered at all.

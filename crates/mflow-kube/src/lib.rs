@@ -13,7 +13,8 @@
 //! let cancel = tokio_util::sync::CancellationToken::new();
 //! match backend.run(&req, logs, cancel).await? {
 //!     Outcome::Succeeded => {}
-//!     Outcome::Failed { class, message } => eprintln!("{class:?}: {message}"),
+//!     Outcome::Failed { class, message } => eprintln!("{class}: {message}"),
+//!     Outcome::Detached { message } => eprintln!("{message}"),
 //! }
 //! # Ok(()) }
 //! ```
@@ -28,7 +29,11 @@
 //! * Log lines longer than 64 KiB are cut; the rest of such a line is dropped.
 //! * `StageRequest::timeout` (or [`KubeOptions::active_deadline_seconds`]) becomes the TrainJob's
 //!   `activeDeadlineSeconds`; expiry ends as `Failed { class: Timeout }`.
-//! * Cancelling the token deletes the TrainJob and returns `Failed { class: Cancelled }`.
+//! * Cancelling the token deletes the TrainJob and returns `Failed { class: Cancelled }`;
+//!   [`KubeBackend::run_until`]'s detach token leaves it running and returns `Detached`.
+//! * A TrainJob none of whose pods starts within [`KubeOptions::start_timeout`] (time queued
+//!   by Kueue aside) is deleted and reported as an infra failure; meanwhile its Warning events
+//!   (and those of its pods) are reported as they appear.
 //! * The stage sees the artifact claim at [`ARTIFACT_MOUNT`] (`/mflow`): the engine must give
 //!   `MFLOW_OUTPUT`, `MFLOW_INPUT_*`, `MFLOW_SCRATCH`, `MFLOW_PROGRESS`... as paths below it.
 //!   `MFLOW_STAGE` and `MFLOW_ATTEMPT` are added when absent. `PET_*` variables are refused.
@@ -51,6 +56,7 @@ mod logs;
 mod manifest;
 mod names;
 mod options;
+pub mod rbac;
 mod run;
 mod store;
 #[cfg(feature = "testing")]
@@ -61,7 +67,7 @@ use std::fmt;
 
 pub use backend::KubeBackend;
 pub use classify::{classify_failure, job_state, JobState};
-pub use error::{KubeError, RBAC_EXAMPLE};
+pub use error::{describe, KubeError, RBAC_EXAMPLE};
 pub use manifest::{
     stage_labels, trainjob_manifest, validate_request, workloads_configmap_name, ANN_KEY, ANN_PIPELINE, ANN_STAGE,
     ARTIFACT_MOUNT, LABEL_COMPONENT, LABEL_KEY, LABEL_MANAGED_BY, LABEL_PIPELINE, LABEL_STAGE, MANAGED_BY,
@@ -69,7 +75,7 @@ pub use manifest::{
     WORKLOADS_ZIP,
 };
 pub use names::{is_rfc1035_label, label_value, trainjob_name, MAX_TRAINJOB_NAME};
-pub use options::{KubeOptions, DEFAULT_PVC, DEFAULT_RUNTIME};
+pub use options::{KubeOptions, DEFAULT_PVC, DEFAULT_RUNTIME, DEFAULT_START_TIMEOUT};
 pub use run::Existing;
 pub use store::{workloads_configmap, CacheEntry};
 
@@ -109,6 +115,8 @@ pub struct StageRequest {
 pub enum Outcome {
     Succeeded,
     Failed { class: FailureClass, message: String },
+    /// Stopped following at the caller's request; the TrainJob runs on.
+    Detached { message: String },
 }
 
 /// Why a stage attempt failed (mflow's own classes; a Kubernetes failure is never `Gate`).
@@ -120,6 +128,9 @@ pub use mflow_progress::FailureClass;
 pub struct LogLine {
     pub rank: Option<u32>,
     pub line: String,
+    /// The container instance the line came from (`<pod uid>/<restart count>`): its lines
+    /// arrive in order, from the first, each time it is followed.
+    pub stream: Option<String>,
 }
 
 impl fmt::Display for LogLine {

@@ -36,9 +36,10 @@ impl LogFollower {
         let Some(restarts) = node_container_started(pod) else { return };
         let Some(name) = pod.metadata.name.clone() else { return };
         let uid = pod.metadata.uid.clone().unwrap_or_else(|| name.clone());
+        let stream = format!("{uid}/{restarts}");
         if self.following.insert((uid, restarts)) {
             let rank = pod_rank(pod);
-            self.tasks.spawn(follow(self.pods.clone(), name, rank, self.tx.clone()));
+            self.tasks.spawn(follow(self.pods.clone(), name, rank, stream, self.tx.clone()));
         }
     }
 
@@ -56,7 +57,7 @@ impl LogFollower {
     }
 }
 
-async fn follow(pods: Api<Pod>, name: String, rank: Option<u32>, tx: mpsc::Sender<LogLine>) {
+async fn follow(pods: Api<Pod>, name: String, rank: Option<u32>, stream_id: String, tx: mpsc::Sender<LogLine>) {
     let params = LogParams { container: Some(NODE.to_string()), follow: true, ..Default::default() };
     // A container that has just started may still be reported as waiting; retry briefly.
     for attempt in 0..20u64 {
@@ -64,7 +65,7 @@ async fn follow(pods: Api<Pod>, name: String, rank: Option<u32>, tx: mpsc::Sende
             Ok(stream) => {
                 let mut stream = std::pin::pin!(stream);
                 while let Some(line) = next_line(&mut stream, MAX_LINE).await {
-                    if tx.send(LogLine { rank, line }).await.is_err() {
+                    if tx.send(LogLine { rank, line, stream: Some(stream_id.clone()) }).await.is_err() {
                         return;
                     }
                 }
@@ -74,8 +75,8 @@ async fn follow(pods: Api<Pod>, name: String, rank: Option<u32>, tx: mpsc::Sende
                 tokio::time::sleep(Duration::from_millis(100 * (attempt + 1).min(10))).await;
             }
             Err(e) => {
-                let line = format!("mflow: cannot read the logs of pod {name}: {e}");
-                let _ = tx.send(LogLine { rank: None, line }).await;
+                let line = format!("mflow: cannot read the logs of pod {name}: {}", crate::error::describe(&e));
+                let _ = tx.send(LogLine { rank: None, line, stream: None }).await;
                 return;
             }
         }

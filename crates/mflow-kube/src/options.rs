@@ -7,6 +7,8 @@ use std::time::Duration;
 pub const DEFAULT_PVC: &str = "mflow-artifacts";
 /// The ClusterTrainingRuntime shipped in examples/kubernetes/runtime.yaml.
 pub const DEFAULT_RUNTIME: &str = "mflow-torch";
+/// Long enough for a large GPU image to be pulled onto a fresh node.
+pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
 /// Connection and submission settings of the Kubernetes backend.
 #[derive(Debug, Clone)]
@@ -29,6 +31,11 @@ pub struct KubeOptions {
     pub runtimes: Vec<String>,
     /// How long `run` keeps reading logs after the TrainJob finished.
     pub log_drain: Duration,
+    /// How long a TrainJob may go without any of its pods starting (not counting time queued
+    /// by Kueue) before the attempt is given up as an infra failure and the TrainJob deleted.
+    pub start_timeout: Duration,
+    /// How often a TrainJob that has not started is checked for Warning events.
+    pub event_poll: Duration,
 }
 
 impl Default for KubeOptions {
@@ -43,6 +50,8 @@ impl Default for KubeOptions {
             active_deadline_seconds: None,
             runtimes: vec![DEFAULT_RUNTIME.to_string()],
             log_drain: Duration::from_secs(10),
+            start_timeout: DEFAULT_START_TIMEOUT,
+            event_poll: Duration::from_secs(10),
         }
     }
 }

@@ -1,10 +1,10 @@
 //! Submitting a stage's TrainJob (or reattaching to it) and watching it to the end.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::trainjob_resource;
-use crate::classify::{classify_failure, job_state, stuck_pod, JobState};
+use crate::classify::{classify_failure, job_state, node_container_started, stuck_pod, JobState};
 use crate::error::api_status;
 use crate::logs::LogFollower;
 use crate::manifest::{
@@ -39,7 +39,7 @@ struct Say<'a>(&'a mpsc::Sender<LogLine>);
 
 impl Say<'_> {
     async fn line(&self, text: String) {
-        let _ = self.0.send(LogLine { rank: None, line: format!("mflow: {text}") }).await;
+        let _ = self.0.send(LogLine { rank: None, line: format!("mflow: {text}"), stream: None }).await;
     }
 }
 
@@ -50,6 +50,19 @@ impl KubeBackend {
         req: &StageRequest,
         logs: mpsc::Sender<LogLine>,
         cancel: CancellationToken,
+    ) -> Result<Outcome, KubeError> {
+        self.run_until(req, logs, cancel, CancellationToken::new()).await
+    }
+
+    /// [`KubeBackend::run`], and `detach` stops following without touching the TrainJob: it
+    /// keeps running, and a later `run` of the same attempt reattaches to it
+    /// ([`Outcome::Detached`]).
+    pub async fn run_until(
+        &self,
+        req: &StageRequest,
+        logs: mpsc::Sender<LogLine>,
+        cancel: CancellationToken,
+        detach: CancellationToken,
     ) -> Result<Outcome, KubeError> {
         validate_request(req)?;
         let name = trainjob_name(&req.pipeline, &req.stage, &req.key, req.attempt);
@@ -78,7 +91,7 @@ impl KubeBackend {
                 say.line(format!("submitted TrainJob {name}")).await;
             }
         }
-        self.watch(&api, req, &name, &logs, cancel).await
+        self.watch(&api, req, &name, &logs, cancel, detach).await
     }
 
     /// The TrainJob of this attempt left by an earlier mflow process, if mflow created it for
@@ -150,7 +163,9 @@ impl KubeBackend {
                     let existing = api.get(name).await.map_err(|e| self.call_err(e, "get", "trainjobs", name))?;
                     check_ownership(&existing, req, name)
                 }
-                Some(s) if s.is_invalid() || s.code == 400 => Err(KubeError::Invalid {
+                // An admission webhook's refusal comes as 403 or 422: the object, not the
+                // caller's rights, is at fault.
+                Some(s) if s.is_invalid() || s.code == 400 || crate::error::is_admission_denial(s) => Err(KubeError::Invalid {
                     stage: req.stage.clone(),
                     kind: "TrainJob".into(),
                     name: name.into(),
@@ -189,6 +204,7 @@ impl KubeBackend {
         name: &str,
         logs: &mpsc::Sender<LogLine>,
         cancel: CancellationToken,
+        detach: CancellationToken,
     ) -> Result<Outcome, KubeError> {
         let say = Say(logs);
         let job_cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
@@ -202,6 +218,9 @@ impl KubeBackend {
         let mut seen_pods: BTreeMap<String, Pod> = BTreeMap::new();
         let mut last_state: Option<String> = None;
         let mut job_seen = false;
+        let mut start = StartWatch::new(self.opts.start_timeout);
+        let mut poll = tokio::time::interval(self.opts.event_poll);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
         loop {
             tokio::select! {
@@ -215,10 +234,45 @@ impl KubeBackend {
                     say.line(format!("cancelled; deleted TrainJob {name}")).await;
                     return Ok(Outcome::Failed { class: FailureClass::Cancelled, message: format!("cancelled; TrainJob {name} deleted") });
                 }
+                _ = detach.cancelled() => {
+                    follower.abort();
+                    let message = format!("interrupted; TrainJob {name} left running (the next `mflow run` reattaches to it)");
+                    say.line(message.clone()).await;
+                    return Ok(Outcome::Detached { message });
+                }
+                _ = poll.tick(), if !start.started && !start.queued => {
+                    for warning in self.new_warnings(name, &mut start.warned).await {
+                        say.line(format!("TrainJob {name} {warning}")).await;
+                        start.last_warning = Some(warning);
+                    }
+                    let hint_after = NO_POD_HINT.min(start.timeout / 2);
+                    if seen_pods.is_empty() && !start.hinted && start.waited() >= hint_after {
+                        start.hinted = true;
+                        say.line(format!(
+                            "TrainJob {name} has no pods after {}: check that the Kubeflow Trainer and JobSet controllers run (kubectl get pods -n kubeflow-system) and `kubectl describe trainjob {name} -n {}`",
+                            humantime_secs(hint_after), self.namespace()
+                        )).await;
+                    }
+                    if start.waited() >= start.timeout {
+                        follower.abort();
+                        let _ = api.delete(name, &DeleteParams::background()).await;
+                        let why = start.last_warning.clone()
+                            .or_else(|| last_state.clone())
+                            .unwrap_or_else(|| "no pod was created (is the Trainer controller running?)".into());
+                        let message = format!(
+                            "TrainJob {name} did not start within {} ({why}); deleted it (raise [pipeline.kubernetes] start_timeout if the cluster is only slow)",
+                            humantime_secs(start.timeout)
+                        );
+                        say.line(message.clone()).await;
+                        return Ok(Outcome::Failed { class: FailureClass::Infra, message });
+                    }
+                }
                 event = jobs.next() => match event {
                     Some(Ok(Event::Apply(job) | Event::InitApply(job))) => {
                         job_seen = true;
-                        match job_state(&to_value(&job)) {
+                        let state = job_state(&to_value(&job));
+                        start.queue(state == JobState::Queued);
+                        match state {
                             JobState::Queued => {
                                 if last_state.as_deref() != Some("queued") {
                                     last_state = Some("queued".into());
@@ -238,7 +292,8 @@ impl KubeBackend {
                                 follower.drain(self.opts.log_drain).await;
                                 let pods: Vec<Pod> = seen_pods.into_values().collect();
                                 let (class, why) = classify_failure(&reason, &message, &pods);
-                                say.line(format!("TrainJob {name} failed ({class:?}): {why}")).await;
+                                // The class is the engine's to say: a stage may refine it.
+                                say.line(format!("TrainJob {name} failed: {why}")).await;
                                 return Ok(Outcome::Failed { class, message: why });
                             }
                         }
@@ -269,12 +324,8 @@ impl KubeBackend {
                         if let Some(pod_name) = pod.metadata.name.clone() {
                             seen_pods.insert(pod_name, pod);
                         }
-                        let running = seen_pods.values().filter(|p| phase(p) == "Running").count();
-                        let state = match (running, seen_pods.values().find_map(unschedulable)) {
-                            (0, Some(why)) => format!("pending: cannot be scheduled yet ({why})"),
-                            (0, None) => "pending".into(),
-                            _ => format!("running on {running}/{} nodes", req.num_nodes),
-                        };
+                        start.started |= seen_pods.values().any(pod_started);
+                        let state = pods_state(&seen_pods, req.num_nodes, start.started);
                         if last_state.as_deref() != Some(state.as_str()) {
                             say.line(format!("TrainJob {name} {state}")).await;
                             last_state = Some(state);
@@ -289,6 +340,31 @@ impl KubeBackend {
         }
     }
 
+    /// Warning events of the TrainJob and of the objects named after it (its JobSet, Jobs and
+    /// pods) not reported yet, as `pod X: Reason: message`. Events are advice: when they cannot
+    /// be read, there are none.
+    async fn new_warnings(&self, name: &str, warned: &mut BTreeSet<String>) -> Vec<String> {
+        let events: Api<CoreEvent> = Api::namespaced(self.client.clone(), self.namespace());
+        let Ok(list) = events.list(&ListParams::default().fields("type=Warning")).await else { return Vec::new() };
+        let mut out = Vec::new();
+        let prefix = format!("{name}-");
+        let mut list = list.items;
+        list.sort_by_key(|e| e.last_timestamp.clone().or(e.first_timestamp.clone()).map(|t| t.0));
+        for e in list {
+            let object = e.involved_object.name.clone().unwrap_or_default();
+            if object != name && !object.starts_with(&prefix) {
+                continue;
+            }
+            let kind = e.involved_object.kind.clone().unwrap_or_default().to_lowercase();
+            let reason = e.reason.clone().unwrap_or_default();
+            let text = format!("{kind} {object}: {reason}: {}", excerpt(e.message.as_deref().unwrap_or_default(), 300));
+            if warned.insert(text.clone()) {
+                out.push(format!("is not starting: {text}"));
+            }
+        }
+        out
+    }
+
     /// Watch errors are retried by the watcher with backoff, except a permission refusal.
     fn watch_error(&self, err: watcher::Error, resource: &str, name: &str) -> Result<(), KubeError> {
         let status = match &err {
@@ -300,7 +376,8 @@ impl KubeBackend {
             return Err(KubeError::Forbidden {
                 verb: "watch".into(),
                 resource: resource.into(),
-                namespace: self.namespace().into(),
+                namespace: Some(self.namespace().into()),
+                rbac_namespace: self.namespace().into(),
                 message: s.message,
             });
         }
@@ -318,6 +395,110 @@ async fn refresh_pods(api: &Api<Pod>, selector: &str, seen: &mut BTreeMap<String
         if let Some(name) = pod.metadata.name.clone() {
             seen.insert(name, pod);
         }
+    }
+}
+
+/// After this long without a pod, mflow says where to look.
+const NO_POD_HINT: Duration = Duration::from_secs(30);
+
+/// Whether a TrainJob has started, and how long it has waited (time queued by Kueue does not
+/// count).
+struct StartWatch {
+    started: bool,
+    queued: bool,
+    timeout: Duration,
+    waited_before: Duration,
+    since: tokio::time::Instant,
+    hinted: bool,
+    warned: BTreeSet<String>,
+    last_warning: Option<String>,
+}
+
+impl StartWatch {
+    fn new(timeout: Duration) -> Self {
+        StartWatch {
+            started: false,
+            queued: false,
+            timeout,
+            waited_before: Duration::ZERO,
+            since: tokio::time::Instant::now(),
+            hinted: false,
+            warned: BTreeSet::new(),
+            last_warning: None,
+        }
+    }
+
+    fn waited(&self) -> Duration {
+        if self.queued {
+            self.waited_before
+        } else {
+            self.waited_before + self.since.elapsed()
+        }
+    }
+
+    fn queue(&mut self, queued: bool) {
+        match (self.queued, queued) {
+            (false, true) => self.waited_before += self.since.elapsed(),
+            (true, false) => self.since = tokio::time::Instant::now(),
+            _ => {}
+        }
+        self.queued = queued;
+    }
+}
+
+/// A pod whose container has started, or that has run to its end.
+fn pod_started(pod: &Pod) -> bool {
+    node_container_started(pod).is_some() || matches!(phase(pod), "Running" | "Succeeded" | "Failed")
+}
+
+/// The state line of a TrainJob from its pods. Once a pod has started, the state never falls
+/// back to `pending`: pods that finished wait for the TrainJob's condition.
+fn pods_state(pods: &BTreeMap<String, Pod>, nodes: u32, started: bool) -> String {
+    let running = pods.values().filter(|p| phase(p) == "Running").count();
+    let finished = pods.values().filter(|p| matches!(phase(p), "Succeeded" | "Failed")).count();
+    if running > 0 {
+        return format!("running on {running}/{nodes} nodes");
+    }
+    if finished > 0 {
+        return format!("pods finished on {finished}/{nodes} nodes; waiting for the TrainJob's status");
+    }
+    if started {
+        return "starting".into();
+    }
+    if let Some(why) = pods.values().find_map(unschedulable) {
+        return format!("pending: cannot be scheduled yet ({why})");
+    }
+    match pods.values().find_map(waiting_reason) {
+        Some(why) => format!("pending: {why}"),
+        None => "pending".into(),
+    }
+}
+
+/// Why a pod's container waits (an image pull, a sandbox), when the kubelet says.
+fn waiting_reason(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    status.container_statuses.iter().flatten().find_map(|cs| {
+        let waiting = cs.state.as_ref()?.waiting.as_ref()?;
+        let reason = waiting.reason.as_deref().filter(|r| *r != "ContainerCreating")?;
+        Some(format!("{reason}: {}", excerpt(waiting.message.as_deref().unwrap_or_default(), 300)))
+    })
+}
+
+/// At most `max` characters of a message from the cluster, on one line.
+pub(crate) fn excerpt(text: &str, max: usize) -> String {
+    let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match one_line.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &one_line[..cut]),
+        None => one_line,
+    }
+}
+
+fn humantime_secs(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 60, s % 60) {
+        (0, s) => format!("{s}s"),
+        (m, 0) => format!("{m}m"),
+        (m, s) => format!("{m}m{s}s"),
     }
 }
 
@@ -345,12 +526,16 @@ fn check_ownership(obj: &DynamicObject, req: &StageRequest, name: &str) -> Resul
     }
     let expect = [(ANN_PIPELINE, &req.pipeline), (ANN_STAGE, &req.stage), (ANN_KEY, &req.key)];
     for (key, want) in expect {
-        if ann.get(key) != Some(want) {
-            return Err(foreign(format!("its annotation {key} is {:?}, this stage has {want:?}", ann.get(key))));
+        match ann.get(key) {
+            Some(have) if have == want => {}
+            Some(have) => return Err(foreign(format!("its annotation {key} is \"{have}\", this stage's is \"{want}\""))),
+            None => return Err(foreign(format!("it has no annotation {key}"))),
         }
     }
-    if labels.get(LABEL_ATTEMPT) != Some(&req.attempt.to_string()) {
-        return Err(foreign(format!("it belongs to attempt {:?}", labels.get(LABEL_ATTEMPT))));
+    match labels.get(LABEL_ATTEMPT) {
+        Some(a) if *a == req.attempt.to_string() => {}
+        Some(a) => return Err(foreign(format!("it belongs to attempt {a}, not {}", req.attempt))),
+        None => return Err(foreign(format!("it has no label {LABEL_ATTEMPT}"))),
     }
     Ok(())
 }

@@ -87,7 +87,7 @@ async fn run(backend: &KubeBackend, req: &StageRequest) -> (Result<Outcome, Kube
 fn failed(outcome: Outcome) -> (FailureClass, String) {
     match outcome {
         Outcome::Failed { class, message } => (class, message),
-        Outcome::Succeeded => panic!("expected a failure"),
+        other => panic!("expected a failure, got {other:?}"),
     }
 }
 

@@ -132,6 +132,32 @@ pub enum Command {
     /// Kubernetes CronJob (and RBAC) for the spec's [schedule].
     #[command(subcommand)]
     Schedule(crate::ci::commands::ScheduleCommand),
+    /// Kubernetes objects mflow needs, rendered for your cluster.
+    #[command(subcommand)]
+    Kube(KubeCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KubeCommand {
+    /// The least-privilege RBAC of mflow in one namespace, as YAML for `kubectl apply -f -`:
+    /// exactly the rights the preflight checks.
+    Rbac {
+        /// The namespace mflow runs TrainJobs in.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// ServiceAccount to create and bind (repeatable; default `mflow` when no subject is given).
+        #[arg(long = "service-account", value_name = "NAME")]
+        service_accounts: Vec<String>,
+        /// User to bind, e.g. the person running mflow from a laptop (repeatable).
+        #[arg(long = "user", value_name = "NAME")]
+        users: Vec<String>,
+        /// Group to bind (repeatable).
+        #[arg(long = "group", value_name = "NAME")]
+        groups: Vec<String>,
+        /// Name of the Role and RoleBinding (the cluster-wide ones get `-<namespace>` appended).
+        #[arg(long, default_value = "mflow")]
+        name: String,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -152,6 +178,9 @@ pub struct RunArgs {
     /// Write a JUnit XML file with one testcase per stage.
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
+    /// Write the run's HTML report (as `mflow report` does) when the run ends, interrupted too.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
     /// Where stages run; overrides `[pipeline] backend`.
     #[arg(long, value_enum)]
     pub backend: Option<BackendChoice>,
@@ -321,6 +350,14 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
         Command::Metrics(c) => crate::ci::commands::metrics(c),
         Command::Reproduce(a) => crate::ci::commands::reproduce(a, cli.log_format == LogFormat::Json),
         Command::Schedule(c) => crate::ci::commands::schedule(c),
+        Command::Kube(KubeCommand::Rbac { namespace, mut service_accounts, users, groups, name }) => {
+            if service_accounts.is_empty() && users.is_empty() && groups.is_empty() {
+                service_accounts.push("mflow".into());
+            }
+            let subjects = mflow_kube::rbac::Subjects { service_accounts, users, groups };
+            print!("{}", rbac_yaml(&name, &namespace, &subjects));
+            Ok(ExitCode::Success)
+        }
         Command::ExitCodes => {
             for (code, what) in ExitCode::TABLE {
                 println!("{code:>4}  {what}");
@@ -341,11 +378,22 @@ fn native(r: miette::Result<()>) -> Result<ExitCode, Error> {
     }
 }
 
+/// The RBAC objects as a YAML stream, with the reason for every right.
+pub fn rbac_yaml(name: &str, namespace: &str, subjects: &mflow_kube::rbac::Subjects) -> String {
+    let mut out = format!("# Least privilege for mflow in namespace {namespace:?} (`mflow kube rbac`). Rights:\n{}", mflow_kube::rbac::explained());
+    for obj in mflow_kube::rbac::objects(name, namespace, subjects) {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&obj).unwrap_or_default());
+    }
+    out
+}
+
 fn load_plan(path: &Path, set: &[String], backend: Option<BackendChoice>) -> Result<(plan::Plan, crate::cache::Store), Error> {
     let mut s = spec::load(path, set)?;
     crate::backend::choose(&mut s, backend.map(BackendChoice::name));
     let env = Environment::detect(s.python.as_deref());
-    let store = crate::cache::Store::open(&s.workdir())?;
+    // These commands only look: they create nothing in the workdir and remove nothing.
+    let store = crate::cache::Store::open_read_only(&s.workdir());
     Ok((plan::build(s, &env)?, store))
 }
 
@@ -390,13 +438,17 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
     let r = &outcome.record;
     let count = |st: StageStatus| r.stages.values().filter(|s| s.status == st).count();
     eprintln!(
-        "run {} {}: {} ran, {} cached, {} failed, {} skipped  (record: {})",
+        "run {} {}: {} ran, {} cached, {} failed, {} skipped{}  (record: {})",
         r.id,
         format!("{:?}", r.status).to_lowercase(),
         count(StageStatus::Succeeded),
         count(StageStatus::Cached),
         count(StageStatus::Failed),
         count(StageStatus::Skipped) + count(StageStatus::Cancelled),
+        match count(StageStatus::Interrupted) {
+            0 => String::new(),
+            n => format!(", {n} left running on the cluster (run again to reattach)"),
+        },
         outcome.run_dir.display()
     );
     for (name, s) in &r.stages {
@@ -404,7 +456,7 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
             eprintln!("  gate {name}.{} {} : {} -> {}", g.metric, g.condition, g.value.map(|v| format!("{v:.4}")).unwrap_or("missing".into()), if g.passed { "pass" } else { "FAIL" });
         }
     }
-    crate::ci::commands::after_run(&outcome.run_dir, args.junit.as_deref(), notify.as_ref(), &rt);
+    crate::ci::commands::after_run(&outcome.run_dir, args.junit.as_deref(), args.report.as_deref(), notify.as_ref(), &rt);
     Ok(crate::exit::for_run(r))
 }
 

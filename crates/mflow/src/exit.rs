@@ -17,8 +17,10 @@ pub enum ExitCode {
     GateFailed,
     /// `mflow reproduce` refused: an input no longer matches the lockfile.
     Mismatch,
-    /// The run was cancelled (Ctrl-C, SIGTERM).
+    /// The run was cancelled (Ctrl-C).
     Cancelled,
+    /// mflow was interrupted (SIGTERM, SIGHUP); TrainJobs were left running for the next run.
+    Interrupted,
     /// A bug or an unexpected environment problem in mflow itself.
     Internal,
 }
@@ -33,6 +35,7 @@ impl ExitCode {
             ExitCode::GateFailed => 4,
             ExitCode::Mismatch => 5,
             ExitCode::Cancelled => 130,
+            ExitCode::Interrupted => 143,
             ExitCode::Internal => 70,
         }
     }
@@ -45,7 +48,8 @@ impl ExitCode {
         (4, "an evaluation gate failed"),
         (5, "reproduce refused: an input digest no longer matches the lockfile"),
         (70, "internal error in mflow"),
-        (130, "cancelled (Ctrl-C or SIGTERM)"),
+        (130, "cancelled (Ctrl-C): running stages stopped, their TrainJobs deleted"),
+        (143, "interrupted (SIGTERM or SIGHUP): local stages stopped, TrainJobs left running; run again to reattach"),
     ];
 }
 
@@ -53,6 +57,9 @@ impl ExitCode {
 pub fn for_run(rec: &RunRecord) -> ExitCode {
     if rec.status == RunStatus::Cancelled {
         return ExitCode::Cancelled;
+    }
+    if rec.status == RunStatus::Interrupted {
+        return ExitCode::Interrupted;
     }
     if rec.status == RunStatus::Succeeded {
         return ExitCode::Success;

@@ -48,9 +48,10 @@ fn renders_valid_objects() {
         rules,
         [
             rule("trainer.kubeflow.org", "trainjobs", "create,get,list,watch,delete"),
-            rule("", "pods", "get,list,watch"),
+            rule("", "pods", "list,watch"),
             rule("", "pods/log", "get"),
-            rule("", "configmaps", "create,get,list,watch,update,patch,delete"),
+            rule("", "events", "list"),
+            rule("", "configmaps", "create,get,list,update"),
             rule("", "persistentvolumeclaims", "get"),
         ]
     );
@@ -73,7 +74,8 @@ fn renders_valid_objects() {
     assert_eq!(pod.service_account_name.as_deref(), Some("mflow-nightly"));
     assert_eq!(pod.containers[0].image.as_deref(), Some("registry.example.com/mflow:0.1.0"));
     let script = &pod.containers[0].command.as_ref().unwrap()[2];
-    assert!(script.contains("mflow run spec.toml --junit"), "{script}");
+    assert!(script.contains("exec mflow run spec.toml --junit"), "{script}");
+    assert!(script.contains("--report"), "{script}");
     let vols = pod.volumes.unwrap();
     assert_eq!(vols[0].persistent_volume_claim.as_ref().unwrap().claim_name, "team-artifacts");
     assert_eq!(vols[1].config_map.as_ref().unwrap().name, "mflow-nightly-gpt-spec");

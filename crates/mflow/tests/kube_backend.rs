@@ -81,9 +81,11 @@ impl Cluster {
 
     fn attempt_log(&self, stage: &str, attempt: u32) -> String {
         let runs = self.workdir().join("runs");
-        let mut ids: Vec<String> = std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+        let Ok(dir) = std::fs::read_dir(&runs) else { return String::new() };
+        let mut ids: Vec<String> = dir.flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
         ids.sort();
-        std::fs::read_to_string(runs.join(ids.last().unwrap()).join(format!("stages/{stage}/attempt-{attempt}.log"))).unwrap_or_default()
+        let Some(last) = ids.last() else { return String::new() };
+        std::fs::read_to_string(runs.join(last).join(format!("stages/{stage}/attempt-{attempt}.log"))).unwrap_or_default()
     }
 }
 
@@ -275,8 +277,9 @@ async fn missing_permissions_stop_the_run_before_it_starts() {
     let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("cannot create trainjobs in namespace \"ml\""), "{err}");
-    assert!(err.contains("examples/kubernetes/rbac.yaml"), "{err}");
+    let words = err.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(words.contains("cannot create trainjobs in namespace \"ml\""), "{err}");
+    assert!(words.contains("mflow kube rbac --namespace ml"), "{err}");
     assert!(!err.contains("not-a-real-token"), "{err}");
     assert_eq!(cluster.trainjobs_created(), 0);
     assert!(!cluster.workdir().join("runs").exists(), "a run started");
@@ -393,4 +396,104 @@ async fn dry_run_submits_nothing_and_reports_each_stage() {
     let o = cluster.mflow(&["run", "--dry-run", bad.to_str().unwrap()]).await;
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("(stage bloated): rejected"), "{}", text(&o));
+}
+
+impl Cluster {
+    /// Starts `mflow run` and sends it `signal` once the stage's pod has started and its first
+    /// line was shown; returns what mflow printed and its exit code.
+    async fn run_and_signal(&self, spec: &Path, signal: i32) -> Output {
+        let child = self.command(&["run", spec.to_str().unwrap()]).spawn().unwrap();
+        let pid = child.id().unwrap() as i32;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.attempt_log("long", 1).contains("waiting") {
+            assert!(Instant::now() < deadline, "the stage did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // SAFETY: signalling a child this test started.
+        unsafe { libc::kill(pid, signal) };
+        tokio::time::timeout(Duration::from_secs(30), child.wait_with_output()).await.expect("mflow stopped").unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_leaves_the_trainjob_running_and_the_next_run_reattaches() {
+    let cluster = Cluster::start().await;
+    let release = cluster.dir.path().join("release");
+    let spec = cluster.spec("spec.toml", &held_stage(&release));
+    let o = cluster.run_and_signal(&spec, libc::SIGTERM).await;
+    assert_eq!(o.status.code(), Some(143), "{}", text(&o));
+    assert!(text(&o).contains("left running"), "{}", text(&o));
+    let record = cluster.latest_record();
+    assert_eq!(record["status"], "interrupted", "{record:#}");
+    assert_eq!(record["stages"]["long"]["status"], "interrupted", "{record:#}");
+    assert_eq!(cluster.api.shared.list("trainjobs", NS).len(), 1, "the TrainJob was deleted");
+
+    // The next run reattaches; the line shown before the interruption is not shown again but
+    // is in the new attempt log.
+    let second = cluster.command(&["run", spec.to_str().unwrap()]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cluster.attempt_log("long", 1).contains("reattaching to TrainJob") {
+        assert!(Instant::now() < deadline, "the second mflow did not reattach");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::write(&release, "").unwrap();
+    let o = tokio::time::timeout(Duration::from_secs(60), second.wait_with_output()).await.unwrap().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(cluster.trainjobs_created(), 1, "the TrainJob was submitted again");
+    assert!(!text(&o).contains("[rank 0] waiting"), "a line shown before the restart was shown again: {}", text(&o));
+    assert!(cluster.attempt_log("long", 1).contains("[rank 0] waiting"), "{}", cluster.attempt_log("long", 1));
+    let output = output_of(&cluster.latest_record(), "long");
+    assert_eq!(std::fs::read_to_string(output.join("result.txt")).unwrap(), "done\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_cancels_the_run_and_deletes_its_trainjob() {
+    let cluster = Cluster::start().await;
+    let release = cluster.dir.path().join("release");
+    let spec = cluster.spec("spec.toml", &held_stage(&release));
+    let o = cluster.run_and_signal(&spec, libc::SIGINT).await;
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o));
+    assert_eq!(cluster.latest_record()["status"], "cancelled");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster.api.shared.list("trainjobs", NS).is_empty() {
+        assert!(Instant::now() < deadline, "the TrainJob was not deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn render_and_plan_write_nothing_to_the_workdir() {
+    let cluster = Cluster::start().await;
+    let spec = cluster.spec("spec.toml", TWO_STAGES);
+    for args in [vec!["render", spec.to_str().unwrap()], vec!["plan", spec.to_str().unwrap()]] {
+        let o = cluster.mflow(&args).await;
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        assert!(!cluster.workdir().exists(), "`mflow {}` created {}", args[0], cluster.workdir().display());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_rbac_is_what_mflow_kube_rbac_renders_and_what_the_preflight_checks() {
+    let cluster = Cluster::start().await;
+    let o = cluster.mflow(&["kube", "rbac", "--namespace", "ml"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/kubernetes/rbac.yaml")).unwrap();
+    let rendered = String::from_utf8_lossy(&o.stdout);
+    let body = |s: &str| s.lines().skip_while(|l| l.starts_with('#')).collect::<Vec<_>>().join("\n");
+    assert_eq!(body(&shipped), body(&rendered), "examples/kubernetes/rbac.yaml differs from `mflow kube rbac --namespace ml`");
+
+    // The fake server enforces exactly those rules: the preflight passes, and without one of
+    // them it names what is missing and how to grant it in this namespace.
+    let rules: Vec<(String, String)> = mflow_kube::rbac::RULES.iter().flat_map(|r| r.verbs.iter().map(|v| (v.to_string(), r.resource.to_string()))).collect();
+    cluster.api.shared.inner.lock().unwrap().allowed = Some(rules.iter().cloned().collect());
+    let spec = cluster.spec("spec.toml", ONE_STAGE);
+    let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    cluster.api.shared.inner.lock().unwrap().allowed = Some(rules.into_iter().filter(|(v, r)| !(v == "list" && r == "events")).collect());
+    let spec = cluster.spec("other.toml", &ONE_STAGE.replace("hi", "ho"));
+    let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr).replace('│', " ").split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(err.contains("cannot list events in namespace \"ml\""), "{err}");
+    assert!(err.contains("mflow kube rbac --namespace ml"), "{err}");
 }

@@ -36,8 +36,10 @@ use tokio_util::sync::CancellationToken;
 
 mod own_output;
 pub mod render;
+mod shown;
 
 use own_output::OwnOutput;
+use shown::ShownLines;
 
 use super::{Cancel, Job, Line, Outcome};
 use crate::exec::retry::FailureClass;
@@ -47,13 +49,24 @@ use crate::stages::Kind;
 
 const DEFAULT_CPU_RUNTIME: &str = "mflow-cpu";
 
+/// The repository of mflow's own images (docker/Dockerfile); a literal, for `concat!`.
+#[macro_export]
+macro_rules! image_repo {
+    () => {
+        "ghcr.io/mflow-dev/mflow"
+    };
+}
+/// Images of this mflow version, used when the spec names none: `image` and `train_image`.
+pub const DEFAULT_IMAGE: &str = concat!(image_repo!(), "-cpu:", env!("CARGO_PKG_VERSION"));
+pub const DEFAULT_TRAIN_IMAGE: &str = concat!(image_repo!(), ":", env!("CARGO_PKG_VERSION"));
+
 #[derive(Debug, Error, Diagnostic)]
 pub enum KubernetesError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Kube(#[from] KubeError),
 
-    #[error("[pipeline.kubernetes] {key} must be a string")]
+    #[error("[pipeline.kubernetes] {key} must be a string (a duration such as \"10m\" for timeouts)")]
     #[diagnostic(code(mflow::kubernetes::setting), help("write `{key} = \"...\"` under [pipeline.kubernetes]"))]
     Setting { key: String },
 
@@ -219,31 +232,43 @@ impl Kubernetes {
         let req = self.layout.request(&pod_job, info, digest)?;
         let status = self.prepare(&req, info.kind, own.as_ref()).await?.unwrap_or_else(|| job.status_file.clone());
 
-        // Pod lines go to the attempt log and the display, as local output does.
+        // Pod lines go to the attempt log and the display, as local output does. A reattached
+        // TrainJob's containers are followed from their first line again: the attempt log gets
+        // every line, the display only those an earlier mflow process did not show.
         let (tx, mut rx) = mpsc::channel::<LogLine>(1024);
         let stage = job.stage.clone();
+        let mut shown = own.as_ref().map(|o| ShownLines::load(&o.dir));
         let pump = tokio::spawn(async move {
             let mut log = std::io::BufWriter::new(log);
             while let Some(line) = rx.recv().await {
                 let text = line.to_string();
                 let _ = writeln!(log, "{text}");
                 let _ = log.flush();
-                let _ = lines.send(Line { stage: stage.clone(), text });
+                if shown.as_mut().is_none_or(|s| s.first_time(line.stream.as_deref())) {
+                    let _ = lines.send(Line { stage: stage.clone(), text });
+                }
+            }
+            if let Some(s) = shown.as_mut() {
+                s.save();
             }
         });
-        let token = CancellationToken::new();
+        let (cancel_token, detach_token) = (CancellationToken::new(), CancellationToken::new());
         let bridge = {
-            let (token, mut cancel) = (token.clone(), cancel);
+            let (cancel_token, detach_token, mut cancel) = (cancel_token.clone(), detach_token.clone(), cancel);
             tokio::spawn(async move {
-                if cancel.wait_for(|c| *c != Cancel::None).await.is_ok() {
-                    token.cancel();
+                // The first word counts: once interrupted, the TrainJob is left running.
+                match cancel.wait_for(|c| *c != Cancel::None).await.map(|c| *c) {
+                    Ok(Cancel::Detach) => detach_token.cancel(),
+                    Ok(_) => cancel_token.cancel(),
+                    Err(_) => {}
                 }
             })
         };
-        let result = self.kube.run(&req, tx, token).await;
+        let result = self.kube.run_until(&req, tx, cancel_token, detach_token).await;
         bridge.abort();
         let _ = pump.await;
         let outcome = match result? {
+            mflow_kube::Outcome::Detached { message } => Outcome::Detached { message },
             mflow_kube::Outcome::Succeeded => match own.as_ref().map(|o| o.deliver(&staged)) {
                 Some(Err(message)) => Outcome::Failed { class: FailureClass::Infra, message },
                 _ => Outcome::Success,
@@ -325,9 +350,12 @@ impl Layout {
     pub(crate) fn of(plan: &Plan) -> Result<Layout, KubernetesError> {
         let spec = &plan.spec;
         let k = &spec.pipeline.kubernetes;
+        let image = setting(k, "image")?;
+        // `train_image` falls back to an explicit `image`, then to mflow's own GPU image.
+        let train_image = setting(k, "train_image")?.or_else(|| image.clone()).unwrap_or_else(|| DEFAULT_TRAIN_IMAGE.into());
         let settings = Settings {
-            image: setting(k, "image")?,
-            train_image: setting(k, "train_image")?,
+            image: Some(image.unwrap_or_else(|| DEFAULT_IMAGE.into())),
+            train_image: Some(train_image),
             runtime: setting(k, "runtime")?.unwrap_or_else(|| mflow_kube::DEFAULT_RUNTIME.into()),
             cpu_runtime: setting(k, "cpu_runtime")?.unwrap_or_else(|| DEFAULT_CPU_RUNTIME.into()),
         };
@@ -348,25 +376,36 @@ impl Layout {
     pub(crate) fn options(&self, spec: &Spec) -> Result<KubeOptions, KubernetesError> {
         let k = &spec.pipeline.kubernetes;
         let runtimes: BTreeSet<String> = self.stages.values().map(|s| runtime_of(&self.settings, s).to_string()).collect();
+        let start_timeout = match setting(k, "start_timeout")? {
+            Some(t) => humantime::parse_duration(&t).map_err(|_| KubernetesError::Setting { key: "start_timeout".into() })?,
+            None => mflow_kube::DEFAULT_START_TIMEOUT,
+        };
         Ok(KubeOptions {
             namespace: setting(k, "namespace")?,
             context: setting(k, "context")?,
             pvc: setting(k, "pvc")?.unwrap_or_else(|| mflow_kube::DEFAULT_PVC.into()),
             runtimes: runtimes.into_iter().collect(),
+            start_timeout,
             ..KubeOptions::default()
         })
     }
 
     pub(crate) fn request(&self, job: &Job, info: &StageInfo, workload_digest: Option<String>) -> Result<StageRequest, KubernetesError> {
         let gpu_image = is_torch(info.kind) || (info.kind == Kind::Export && job.steps.len() > 1);
-        let (setting, fallback) = if gpu_image { ("train_image", self.settings.train_image.clone().or(self.settings.image.clone())) } else { ("image", self.settings.image.clone()) };
+        let (setting, fallback) = if gpu_image { ("train_image", self.settings.train_image.clone()) } else { ("image", self.settings.image.clone()) };
         let image = info.image.clone().or(fallback).ok_or_else(|| KubernetesError::NoImage { stage: job.stage.clone(), setting: setting.into() })?;
         let steps: Vec<Vec<String>> = job.steps.iter().map(|argv| self.in_image(info.kind, argv)).collect();
         let command = match steps.as_slice() {
             [one] => one.clone(),
             many => vec!["sh".into(), "-c".into(), many.iter().map(|argv| shell_line(argv)).collect::<Vec<_>>().join(" && ")],
         };
-        let nproc = job.env.get("PET_NPROC_PER_NODE").and_then(|n| n.parse().ok()).unwrap_or(1);
+        let nproc: u32 = job.env.get("PET_NPROC_PER_NODE").and_then(|n| n.parse().ok()).unwrap_or(1);
+        // Every rank of a CPU stage needs a core of its own; GPU ranks need little CPU.
+        let cpus = match (info.resources.cpus, info.resources.gpus) {
+            (c, 0) => c.max(f64::from(nproc)),
+            (c, _) if c > 0.0 => c,
+            _ => f64::from(nproc),
+        };
         // Trainer injects PET_*, the device plugin CUDA_VISIBLE_DEVICES, and the workload
         // ConfigMap PYTHONPATH; local values of those would be wrong in a pod.
         let env = job
@@ -387,7 +426,7 @@ impl Layout {
             num_nodes: info.nodes,
             nproc_per_node: nproc,
             gpus_per_node: info.resources.gpus,
-            cpus: Some(cpu_quantity(info.resources.cpus)),
+            cpus: Some(cpu_quantity(cpus)),
             memory: info.resources.memory.clone(),
             runtime: runtime_of(&self.settings, info).to_string(),
             workload_digest,

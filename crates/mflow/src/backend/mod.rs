@@ -34,13 +34,20 @@ pub struct Job {
 pub enum Outcome {
     Success,
     Failed { class: FailureClass, message: String },
+    /// mflow was interrupted and left the attempt running where it can be reattached to (a
+    /// TrainJob); the next run picks it up.
+    Detached { message: String },
 }
 
 /// How hard to stop running attempts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Cancel {
     None,
-    /// SIGTERM, a grace period, then SIGKILL.
+    /// mflow itself is asked to go (SIGTERM, SIGHUP: a pod's eviction or deadline, a closed
+    /// terminal): work that outlives mflow (TrainJobs) is left running for the next `mflow run`
+    /// to reattach to; local processes, which cannot be reattached to, stop as for `Graceful`.
+    Detach,
+    /// SIGTERM, a grace period, then SIGKILL; TrainJobs are deleted.
     Graceful,
     /// SIGKILL now.
     Immediate,

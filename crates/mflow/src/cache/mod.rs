@@ -63,7 +63,8 @@ impl Manifest {
 pub enum Lookup {
     Hit(Arc<Manifest>),
     Miss,
-    /// The entry exists but does not check out; it has been removed.
+    /// The entry exists but does not check out; it has been removed (unless the store is
+    /// read-only).
     Corrupt(String),
 }
 
@@ -87,8 +88,11 @@ pub struct Store {
     /// check each entry once. Entries are immutable once committed; `remove` forgets them.
     checked: Arc<Mutex<std::collections::HashMap<String, Arc<Manifest>>>>,
     log: Arc<Mutex<manifests::Log>>,
-    /// `root`, held open: entries are checked from it.
-    dir: Arc<OpenDir>,
+    /// `root`, held open: entries are checked from it. `None` for a read-only store of a
+    /// workdir that has no cache yet.
+    dir: Option<Arc<OpenDir>>,
+    /// Planning, rendering and other questions: nothing is created, moved or removed.
+    read_only: bool,
 }
 
 /// Held while a key is being computed, so two runs never compute the same key at once: an OFD
@@ -108,7 +112,23 @@ impl Store {
         fs::OpenOptions::new().create(true).append(true).open(&lock).map_err(io_err(&lock))?;
         let log = manifests::Log::new(root.join(".manifests.jsonl"));
         let dir = Arc::new(OpenDir::open(&root).map_err(io_err(&root))?);
-        Ok(Store { root, checked: Default::default(), log: Arc::new(Mutex::new(log)), dir })
+        Ok(Store { root, checked: Default::default(), log: Arc::new(Mutex::new(log)), dir: Some(dir), read_only: false })
+    }
+
+    /// The cache of `workdir` for commands that only look (`plan`, `render`, `why`): nothing is
+    /// created there, and an entry that does not check out is reported, never removed.
+    pub fn open_read_only(workdir: &Path) -> Store {
+        let root = workdir.join("cache");
+        let log = manifests::Log::new(root.join(".manifests.jsonl"));
+        let dir = OpenDir::open(&root).ok().map(Arc::new);
+        Store { root, checked: Default::default(), log: Arc::new(Mutex::new(log)), dir, read_only: true }
+    }
+
+    fn stat(&self, rel: &Path) -> io::Result<dir::FileStat> {
+        match &self.dir {
+            Some(d) => d.stat(rel),
+            None => Err(io::ErrorKind::NotFound.into()),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -148,7 +168,7 @@ impl Store {
         }
         let checked = match self.check(key, verify, false) {
             // No entry at all is a plain miss; checked after the fact, as hits are the common case.
-            Err(_) if self.dir.stat(Path::new(key)).is_err() => return Lookup::Miss,
+            Err(_) if self.stat(Path::new(key)).is_err() => return Lookup::Miss,
             // Another run may have committed the key again since this one read the log: a
             // failed check is repeated with the newest manifest before the entry counts as corrupt.
             Err(_) => self.check(key, verify, true),
@@ -160,7 +180,9 @@ impl Store {
                 Lookup::Hit(m)
             }
             Err(reason) => {
-                let _ = self.remove(key);
+                if !self.read_only {
+                    let _ = self.remove(key);
+                }
                 Lookup::Corrupt(reason)
             }
         }
@@ -196,7 +218,7 @@ impl Store {
         }
         for f in &m.files {
             let rel = safe_join(Path::new(key), &f.path).ok_or_else(|| format!("manifest path `{}` escapes the entry", f.path))?;
-            let st = self.dir.stat(&rel).map_err(|_| format!("`{}` is missing", f.path))?;
+            let st = self.stat(&rel).map_err(|_| format!("`{}` is missing", f.path))?;
             if st.len != f.size {
                 return Err(format!("`{}` has {} bytes, the manifest says {}", f.path, st.len, f.size));
             }

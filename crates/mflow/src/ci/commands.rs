@@ -175,8 +175,8 @@ pub fn schedule(c: ScheduleCommand) -> Result<ExitCode, Error> {
 
 /// After `mflow run`: the JUnit file, the GitHub step summary and the notification. None of
 /// them changes the run's exit code; problems are warnings.
-pub fn after_run(run_dir: &Path, junit: Option<&Path>, notify: Option<&Map<String, Json>>, rt: &tokio::runtime::Runtime) {
-    let wanted = junit.is_some() || notify.is_some() || std::env::var_os("GITHUB_STEP_SUMMARY").is_some_and(|v| !v.is_empty());
+pub fn after_run(run_dir: &Path, junit: Option<&Path>, report: Option<&Path>, notify: Option<&Map<String, Json>>, rt: &tokio::runtime::Runtime) {
+    let wanted = junit.is_some() || report.is_some() || notify.is_some() || std::env::var_os("GITHUB_STEP_SUMMARY").is_some_and(|v| !v.is_empty());
     if !wanted {
         return;
     }
@@ -196,6 +196,11 @@ pub fn after_run(run_dir: &Path, junit: Option<&Path>, notify: Option<&Map<Strin
             crate::record::write_atomic(path, super::junit::render(&run).as_bytes()).map_err(|e| CiError::write(path, e))
         };
         if let Err(e) = write() {
+            eprintln!("mflow: warning: {:?}", miette::Report::new(e));
+        }
+    }
+    if let Some(path) = report {
+        if let Err(e) = super::report::write(&run, path, None) {
             eprintln!("mflow: warning: {:?}", miette::Report::new(e));
         }
     }

@@ -16,7 +16,7 @@ pub fn render(run: &RunData) -> String {
     let r = &run.record;
     let count = |f: &dyn Fn(StageStatus) -> bool| r.stages.values().filter(|s| f(s.status)).count();
     let failures = count(&|s| s == StageStatus::Failed);
-    let skipped = count(&|s| matches!(s, StageStatus::Skipped | StageStatus::Cancelled | StageStatus::Pending));
+    let skipped = count(&|s| matches!(s, StageStatus::Skipped | StageStatus::Cancelled | StageStatus::Interrupted | StageStatus::Pending));
     let total = r.stages.values().filter_map(stage_duration).fold(0.0, |a, b| a + b);
     let mut w = Writer::new_with_indent(Cursor::new(Vec::new()), b' ', 2);
     let tests = r.order.len().to_string();

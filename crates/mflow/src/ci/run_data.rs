@@ -133,6 +133,7 @@ pub fn status_word(s: StageStatus) -> &'static str {
         StageStatus::Failed => "failed",
         StageStatus::Skipped => "skipped",
         StageStatus::Cancelled => "cancelled",
+        StageStatus::Interrupted => "interrupted",
     }
 }
 

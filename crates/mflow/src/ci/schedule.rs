@@ -92,17 +92,11 @@ pub fn render(spec: &Spec, namespace: &str) -> Result<Objects, CiError> {
         verbs: verbs.iter().map(|s| s.to_string()).collect(),
         ..Default::default()
     };
-    let role = Role {
-        metadata: meta(&name, true),
-        rules: Some(vec![
-            rule(&["trainer.kubeflow.org"], &["trainjobs"], &["create", "get", "list", "watch", "delete"]),
-            rule(&[""], &["pods"], &["get", "list", "watch"]),
-            rule(&[""], &["pods/log"], &["get"]),
-            rule(&[""], &["configmaps"], &["create", "get", "list", "watch", "update", "patch", "delete"]),
-            // The kubernetes backend checks that the artifacts PVC exists before submitting.
-            rule(&[""], &["persistentvolumeclaims"], &["get"]),
-        ]),
+    // The rights come from the one list the preflight checks (mflow_kube::rbac).
+    let rules = |cluster: bool| -> Vec<PolicyRule> {
+        mflow_kube::rbac::RULES.iter().filter(|r| r.cluster == cluster).map(|r| rule(&[r.group], &[r.resource], r.verbs)).collect()
     };
+    let role = Role { metadata: meta(&name, true), rules: Some(rules(false)) };
     let subject = Subject { kind: "ServiceAccount".into(), name: service_account.clone(), namespace: Some(namespace.to_string()), ..Default::default() };
     let role_binding = RoleBinding {
         metadata: meta(&name, true),
@@ -111,7 +105,7 @@ pub fn render(spec: &Spec, namespace: &str) -> Result<Objects, CiError> {
     };
     // ClusterTrainingRuntimes are cluster-scoped: reading them needs a (read-only) ClusterRole.
     let cluster_name = format!("{name}-{namespace}");
-    let cluster_role = ClusterRole { metadata: meta(&cluster_name, false), rules: Some(vec![rule(&["trainer.kubeflow.org"], &["clustertrainingruntimes"], &["get", "list"])]), ..Default::default() };
+    let cluster_role = ClusterRole { metadata: meta(&cluster_name, false), rules: Some(rules(true)), ..Default::default() };
     let cluster_role_binding = ClusterRoleBinding {
         metadata: meta(&cluster_name, false),
         role_ref: RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: "ClusterRole".into(), name: cluster_name.clone() },
@@ -122,8 +116,11 @@ pub fn render(spec: &Spec, namespace: &str) -> Result<Objects, CiError> {
     // The spec is copied onto the PVC so that its relative workdir and inputs live there; the
     // report and JUnit file of the latest run are written next to it.
     let dir = format!("{ARTIFACTS}/pipelines/{name}");
+    // `exec`: mflow becomes the container's main process, so the SIGTERM of a deadline, a
+    // drain or an eviction reaches it; it then records the run, writes the JUnit file and the
+    // report, and leaves its TrainJobs running for the next scheduled run to reattach to.
     let script = format!(
-        "set -u\nmkdir -p {dir}\ncp {SPEC_MOUNT}/{file} {dir}/{file}\ncd {dir}\nmflow run {file} --junit {dir}/junit.xml\ncode=$?\nmflow report --out {dir}/report.html || true\nexit $code\n"
+        "set -eu\nmkdir -p {dir}\ncp {SPEC_MOUNT}/{file} {dir}/{file}\ncd {dir}\nexec mflow run {file} --junit {dir}/junit.xml --report {dir}/report.html\n"
     );
     let container = Container {
         name: "mflow".into(),
@@ -139,6 +136,8 @@ pub fn render(spec: &Spec, namespace: &str) -> Result<Objects, CiError> {
     let pod = PodSpec {
         service_account_name: Some(service_account.clone()),
         restart_policy: Some("Never".into()),
+        // Time to record the run, write its JUnit file and report after a SIGTERM.
+        termination_grace_period_seconds: Some(120),
         containers: vec![container],
         volumes: Some(vec![
             Volume { name: "artifacts".into(), persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: pvc, read_only: None }), ..Default::default() },

@@ -17,6 +17,7 @@ pub fn render(run: &RunData) -> String {
         RunStatus::Succeeded => "succeeded",
         RunStatus::Failed => "failed",
         RunStatus::Cancelled => "cancelled",
+        RunStatus::Interrupted => "interrupted",
         RunStatus::Running => "running",
     };
     let mut out = format!("### mflow run `{}`: {status}\n\n", r.pipeline);

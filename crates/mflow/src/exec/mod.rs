@@ -205,24 +205,8 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
             }
         })
     };
-    // First Ctrl-C: graceful stop; second: kill.
-    let signals = tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let mut count = 0;
-        loop {
-            tokio::select! {
-                r = tokio::signal::ctrl_c() => { if r.is_err() { break } }
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-            }
-            count += 1;
-            let level = if count == 1 { Cancel::Graceful } else { Cancel::Immediate };
-            eprintln!("mflow: {}", if count == 1 { "stopping: terminating running stages (Ctrl-C again to kill)" } else { "killing running stages" });
-            let _ = cancel_tx.send(level);
-            if count >= 2 {
-                break;
-            }
-        }
-    });
+    let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let signals = tokio::spawn(stop_on_signals(cancel_tx, interrupted.clone()));
 
     let n = shared.plan.stages.len();
     let mut frontier = frontier::Frontier::new(&shared.plan);
@@ -383,8 +367,9 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
         RunRecord { stages, ..shared_rec.clone() }
     };
     let ends: Vec<&StageEnd> = frontier.ends.iter().flatten().collect();
-    let cancelled = *shared.cancel.borrow() != Cancel::None;
-    rec.status = if cancelled {
+    rec.status = if interrupted.load(std::sync::atomic::Ordering::SeqCst) {
+        RunStatus::Interrupted
+    } else if *shared.cancel.borrow() != Cancel::None {
         RunStatus::Cancelled
     } else if ends.iter().all(|e| matches!(e, StageEnd::Done { .. })) && ends.len() == n {
         RunStatus::Succeeded
@@ -405,6 +390,34 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
     let plan = Arc::try_unwrap(shared).ok().map(|sh| sh.plan);
     let _ = printer.await;
     Ok(RunOutcome { record: rec, run_dir, plan })
+}
+
+/// Ctrl-C (SIGINT) cancels: running stages are stopped and their TrainJobs deleted. SIGTERM
+/// and SIGHUP (an eviction, a Job deadline, a closed terminal) interrupt: mflow records the run
+/// and leaves, TrainJobs keep running for the next `mflow run` to reattach to. A second signal
+/// of either kind kills local stage processes at once. Returns on the second signal.
+async fn stop_on_signals(cancel: watch::Sender<Cancel>, interrupted: Arc<std::sync::atomic::AtomicBool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup())) else {
+        return;
+    };
+    for count in 1..=2 {
+        let level = tokio::select! {
+            _ = int.recv() => Cancel::Graceful,
+            _ = term.recv() => Cancel::Detach,
+            _ = hup.recv() => Cancel::Detach,
+        };
+        let (level, say) = match (count, level) {
+            (1, Cancel::Detach) => (level, "interrupted: stopping local stages, leaving TrainJobs running (`mflow run` again reattaches)"),
+            (1, _) => (level, "stopping: terminating running stages (Ctrl-C again to kill)"),
+            _ => (Cancel::Immediate, "killing running stages"),
+        };
+        if count == 1 && level == Cancel::Detach {
+            interrupted.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        eprintln!("mflow: {say}");
+        let _ = cancel.send(level);
+    }
 }
 
 fn write_lock(shared: &Shared, rec: &RunRecord, keys: BTreeMap<String, (String, KeyParts)>, overrides: &[String]) {

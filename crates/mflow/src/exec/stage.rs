@@ -111,7 +111,7 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
         env.insert("MFLOW_STAGE".into(), name.clone());
         env.insert("MFLOW_RUN_DIR".into(), sh.run_dir.display().to_string());
         for (up, path) in &upstream {
-            env.insert(format!("MFLOW_INPUT_{}", env_name(up)), path.display().to_string());
+            env.insert(crate::spec::input_var(up), path.display().to_string());
         }
         let job = Job { stage: name.clone(), key: key.clone(), attempt, steps: plan.steps, env, cwd: plan.cwd, timeout: st.spec.timeout, log: log.clone(), status_file: status_file.clone() };
         sh.show(&name, "started", &if attempt > 1 { format!("attempt {attempt}") } else { String::new() });
@@ -152,6 +152,7 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
         let (outcome_str, message) = match &outcome {
             Outcome::Success => ("success".to_string(), None),
             Outcome::Failed { class, message } => (class.to_string(), Some(message.clone())),
+            Outcome::Detached { message } => ("interrupted".to_string(), Some(message.clone())),
         };
         let dur = t0.elapsed().as_secs_f64();
         sh.update(&name, |r| {
@@ -171,6 +172,16 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
         .await;
 
         match outcome {
+            Outcome::Detached { message } => {
+                sh.store.discard(&staging);
+                sh.update(&name, |r| {
+                    r.status = StageStatus::Interrupted;
+                    r.message = Some(message.clone());
+                })
+                .await;
+                sh.show(&name, "interrupted", &message);
+                return StageEnd::Failed { class: FailureClass::Cancelled, message };
+            }
             Outcome::Success => {
                 let manifest = match commit(&arc, &staging, &key, &name).await {
                     Ok(m) => m,
@@ -322,10 +333,6 @@ fn read_json(path: &std::path::Path) -> Option<Json> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
-/// The stage name as it appears in `MFLOW_INPUT_<STAGE>`.
-pub fn env_name(stage: &str) -> String {
-    stage.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
-}
 
 /// Follows the stage's progress file and forwards the newest event to the display.
 async fn watch_progress(path: PathBuf, stage: String, sh: std::sync::Arc<Shared>) {

@@ -25,6 +25,9 @@ pub enum StageStatus {
     Failed,
     Skipped,
     Cancelled,
+    /// mflow was interrupted (SIGTERM, SIGHUP) while the stage ran on a cluster; its TrainJob
+    /// was left running and the next run reattaches to it.
+    Interrupted,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +37,8 @@ pub enum RunStatus {
     Succeeded,
     Failed,
     Cancelled,
+    /// Stopped by SIGTERM or SIGHUP: cluster work was left running for the next run.
+    Interrupted,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

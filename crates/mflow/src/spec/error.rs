@@ -145,6 +145,20 @@ pub enum SpecError {
         name: String,
     },
 
+    #[error("stages `{first}` and `{second}` both become MFLOW_INPUT_{var} in the environment of the stages that need them")]
+    #[diagnostic(code(mflow::spec::stage_name_clash), help("rename one of them: `-` and `_` are the same in environment variable names, and case does not count"))]
+    StageNameClash {
+        #[source_code]
+        src: Src,
+        #[label("first here")]
+        first_span: Option<SourceSpan>,
+        #[label("and here")]
+        second_span: Option<SourceSpan>,
+        first: String,
+        second: String,
+        var: String,
+    },
+
     #[error("the spec defines no stages")]
     #[diagnostic(code(mflow::spec::no_stages), help("add at least one `[stages.NAME]` table with a `kind`"))]
     NoStages {

@@ -248,6 +248,27 @@ fn parse_in(path: &Path, dir: PathBuf, text: &str, overrides: &[String]) -> Resu
     let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let name_set: std::collections::HashSet<&str> = name_refs.iter().copied().collect();
 
+    // A stage's output reaches the stages after it as MFLOW_INPUT_<NAME>: two names that map to
+    // one variable would hand one of them the other's output.
+    let mut vars: std::collections::HashMap<String, (&str, Option<std::ops::Range<usize>>)> = std::collections::HashMap::new();
+    // `input_var` is `MFLOW_INPUT_<NAME>`; the message names only `<NAME>`.
+    for (key, _) in &stage_entries {
+        let var = input_var(&key.name);
+        match vars.get(&var) {
+            Some((first, first_span)) => errors.push(SpecError::StageNameClash {
+                src: src.clone(),
+                first_span: to_span(first_span.clone()),
+                second_span: to_span(key.origin.span()),
+                first: first.to_string(),
+                second: key.name.clone(),
+                var: var.trim_start_matches("MFLOW_INPUT_").to_string(),
+            }),
+            None => {
+                vars.insert(var, (key.name.as_str(), key.origin.span()));
+            }
+        }
+    }
+
     let mut stages = Vec::new();
     // (from, to, span) for cycle reports
     let mut edges: Vec<(String, String, Option<std::ops::Range<usize>>)> = Vec::new();
@@ -521,6 +542,13 @@ fn find_cycle(names: &[String], edges: &[(String, String, Option<std::ops::Range
         }
     }
     None
+}
+
+/// The variable that hands a stage's output to the stages that need it: `MFLOW_INPUT_<NAME>`,
+/// the name upper-cased with every other character `_`.
+pub fn input_var(stage: &str) -> String {
+    let name: String = stage.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
+    format!("MFLOW_INPUT_{name}")
 }
 
 pub fn valid_name(n: &str) -> bool {

@@ -19,10 +19,11 @@ pub const KUBERNETES: &[Field] = &[
     opt("namespace", Ty::Str, "namespace for TrainJobs (default: the kubeconfig's)"),
     opt("context", Ty::Str, "kubeconfig context"),
     def("pvc", Ty::Str, "\"mflow-artifacts\"", "RWX PersistentVolumeClaim holding artifacts, mounted at /mflow"),
-    opt("image", Ty::Str, "image with mflow for CPU stages"),
-    opt("train_image", Ty::Str, "image for GPU stages (torch + megatron-core)"),
+    def("image", Ty::Str, concat!("\"", crate::image_repo!(), "-cpu:", env!("CARGO_PKG_VERSION"), "\""), "image with mflow for CPU stages (mflow's own, of this version)"),
+    def("train_image", Ty::Str, concat!("\"", crate::image_repo!(), ":", env!("CARGO_PKG_VERSION"), "\""), "image for GPU stages: torch and megatron-core (mflow's own, of this version)"),
     def("runtime", Ty::Str, "\"mflow-torch\"", "ClusterTrainingRuntime for GPU stages"),
     def("cpu_runtime", Ty::Str, "\"mflow-cpu\"", "ClusterTrainingRuntime for CPU stages"),
+    def("start_timeout", Ty::Duration, "\"15m\"", "how long a TrainJob may wait for its pods to start (Kueue queueing aside) before the attempt fails as infra"),
 ];
 
 pub const PIPELINE: &[Field] = &[

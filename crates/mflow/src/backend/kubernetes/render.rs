@@ -167,8 +167,7 @@ fn job_env(
     env.insert("MFLOW_STAGE".into(), cx.stage.name.clone());
     env.insert("MFLOW_RUN_DIR".into(), d(run_dir));
     for (up, path) in upstream {
-        let var: String = up.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
-        env.insert(format!("MFLOW_INPUT_{var}"), d(path));
+        env.insert(crate::spec::input_var(up), d(path));
     }
     env
 }

@@ -1,0 +1,166 @@
+//! The rights mflow needs, in one place: the preflight's access reviews ask for exactly these,
+//! and `mflow kube rbac` and `mflow schedule` render the Role and ClusterRole from them.
+
+use serde_json::{json, Value};
+
+use crate::manifest::{LABEL_MANAGED_BY, MANAGED_BY, TRAINER_GROUP};
+
+/// One rule: verbs on a resource (`pods/log` names a subresource).
+#[derive(Debug, Clone, Copy)]
+pub struct Rule {
+    pub group: &'static str,
+    pub resource: &'static str,
+    pub verbs: &'static [&'static str],
+    /// Cluster-scoped resources need a ClusterRole.
+    pub cluster: bool,
+    /// Why mflow needs it; rendered as a comment.
+    pub why: &'static str,
+}
+
+/// Every API call mflow makes, as least privilege.
+pub const RULES: &[Rule] = &[
+    Rule {
+        group: TRAINER_GROUP,
+        resource: "trainjobs",
+        verbs: &["create", "get", "list", "watch", "delete"],
+        cluster: false,
+        why: "one TrainJob per stage attempt; reattach after a restart; delete on cancel",
+    },
+    Rule {
+        group: "",
+        resource: "pods",
+        verbs: &["list", "watch"],
+        cluster: false,
+        why: "running state, failure reasons and ranks come from the trainer pods",
+    },
+    Rule { group: "", resource: "pods/log", verbs: &["get"], cluster: false, why: "stage output, tagged by rank" },
+    Rule {
+        group: "",
+        resource: "events",
+        verbs: &["list"],
+        cluster: false,
+        why: "why a TrainJob or its pods do not start (sandbox, image pull, scheduling)",
+    },
+    Rule {
+        group: "",
+        resource: "configmaps",
+        verbs: &["create", "get", "list", "update"],
+        cluster: false,
+        why: "workload code (content-named) and the cache index",
+    },
+    Rule {
+        group: "",
+        resource: "persistentvolumeclaims",
+        verbs: &["get"],
+        cluster: false,
+        why: "preflight: the artifact claim exists",
+    },
+    Rule {
+        group: TRAINER_GROUP,
+        resource: "clustertrainingruntimes",
+        verbs: &["get", "list"],
+        cluster: true,
+        why: "preflight: the runtimes the stages name exist",
+    },
+];
+
+/// (verb, group, resource, subresource) of every right, for access reviews.
+pub fn needed() -> impl Iterator<Item = (&'static str, &'static str, &'static str, &'static str, bool)> {
+    RULES.iter().flat_map(|r| {
+        let (resource, sub) = r.resource.split_once('/').unwrap_or((r.resource, ""));
+        r.verbs.iter().map(move |v| (*v, r.group, resource, sub, r.cluster))
+    })
+}
+
+/// Who a rendered binding grants the rights to.
+#[derive(Debug, Clone, Default)]
+pub struct Subjects {
+    pub service_accounts: Vec<String>,
+    pub users: Vec<String>,
+    pub groups: Vec<String>,
+}
+
+fn policy_rules(cluster: bool) -> Vec<Value> {
+    RULES
+        .iter()
+        .filter(|r| r.cluster == cluster)
+        .map(|r| json!({"apiGroups": [r.group], "resources": [r.resource], "verbs": r.verbs}))
+        .collect()
+}
+
+/// The objects that grant mflow its rights in `namespace`: a ServiceAccount per named one, a
+/// Role and RoleBinding, and a ClusterRole and ClusterRoleBinding (named `<name>-<namespace>`,
+/// so bindings of several namespaces do not overwrite each other) for the cluster-scoped
+/// reads.
+pub fn objects(name: &str, namespace: &str, subjects: &Subjects) -> Vec<Value> {
+    let labels = json!({ LABEL_MANAGED_BY: MANAGED_BY });
+    let mut subject_list: Vec<Value> = subjects
+        .service_accounts
+        .iter()
+        .map(|sa| json!({"kind": "ServiceAccount", "name": sa, "namespace": namespace}))
+        .collect();
+    subject_list.extend(subjects.users.iter().map(|u| json!({"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": u})));
+    subject_list.extend(subjects.groups.iter().map(|g| json!({"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": g})));
+    let cluster_name = format!("{name}-{namespace}");
+    let mut out: Vec<Value> = subjects
+        .service_accounts
+        .iter()
+        .map(|sa| json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": namespace, "labels": labels}}))
+        .collect();
+    out.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "rules": policy_rules(false),
+    }));
+    out.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": subject_list,
+    }));
+    out.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": cluster_name, "labels": labels},
+        "rules": policy_rules(true),
+    }));
+    out.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": cluster_name, "labels": labels},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_name},
+        "subjects": subject_list,
+    }));
+    out
+}
+
+/// A comment block listing every rule and why mflow needs it.
+pub fn explained() -> String {
+    RULES
+        .iter()
+        .map(|r| {
+            let group = if r.group.is_empty() { "core" } else { r.group };
+            format!("#   {} {} ({group}): {}\n", r.resource, r.verbs.join(","), r.why)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_verb_is_reviewed_and_rendered_once() {
+        let reviewed: Vec<_> = needed().collect();
+        let rendered: usize = RULES.iter().map(|r| r.verbs.len()).sum();
+        assert_eq!(reviewed.len(), rendered);
+        assert!(reviewed.contains(&("get", "", "pods", "log", false)));
+        assert!(reviewed.contains(&("list", TRAINER_GROUP, "clustertrainingruntimes", "", true)));
+        let objs = objects("mflow", "team-a", &Subjects { service_accounts: vec!["mflow".into()], users: vec!["alice".into()], ..Default::default() });
+        let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"]);
+        assert_eq!(objs[2]["subjects"][0]["namespace"], "team-a");
+        assert_eq!(objs[2]["subjects"][1]["kind"], "User");
+        assert_eq!(objs[3]["metadata"]["name"], "mflow-team-a");
+        // No verb that mflow does not use (patch was once granted and never used).
+        assert!(!serde_json::to_string(&objs).unwrap().contains("patch"));
+    }
+}
