@@ -232,7 +232,7 @@ impl KubeBackend {
                         Err(e) => return Err(self.call_err(e, "delete", "trainjobs", name)),
                     }
                     say.line(format!("cancelled; deleted TrainJob {name}")).await;
-                    return Ok(Outcome::Failed { class: FailureClass::Cancelled, message: format!("cancelled; TrainJob {name} deleted") });
+                    return Ok(Outcome::Failed { class: FailureClass::Cancelled, message: format!("TrainJob {name} deleted") });
                 }
                 _ = detach.cancelled() => {
                     follower.abort();
@@ -242,7 +242,7 @@ impl KubeBackend {
                 }
                 _ = poll.tick(), if !start.started && !start.queued => {
                     for warning in self.new_warnings(name, &mut start.warned).await {
-                        say.line(format!("TrainJob {name} {warning}")).await;
+                        say.line(format!("TrainJob {name} is not starting: {warning}")).await;
                         start.last_warning = Some(warning);
                     }
                     let hint_after = NO_POD_HINT.min(start.timeout / 2);
@@ -258,7 +258,7 @@ impl KubeBackend {
                         let _ = api.delete(name, &DeleteParams::background()).await;
                         let why = start.last_warning.clone()
                             .or_else(|| last_state.clone())
-                            .unwrap_or_else(|| "no pod was created (is the Trainer controller running?)".into());
+                            .unwrap_or_else(|| "no pod was created: is the Trainer controller running?".into());
                         let message = format!(
                             "TrainJob {name} did not start within {} ({why}); deleted it (raise [pipeline.kubernetes] start_timeout if the cluster is only slow)",
                             humantime_secs(start.timeout)
@@ -359,7 +359,7 @@ impl KubeBackend {
             let reason = e.reason.clone().unwrap_or_default();
             let text = format!("{kind} {object}: {reason}: {}", excerpt(e.message.as_deref().unwrap_or_default(), 300));
             if warned.insert(text.clone()) {
-                out.push(format!("is not starting: {text}"));
+                out.push(text);
             }
         }
         out

@@ -203,6 +203,8 @@ fn render_prints_every_object_a_run_would_submit() {
     assert!(!train_argv.iter().any(|a| a.starts_with("--nnodes") || a.starts_with("--master-addr")), "{train_argv:?}");
     assert!(train_argv.last().unwrap().ends_with("runs/rendered/stages/train/train-config-1.json"), "{train_argv:?}");
     assert_eq!(train["spec"]["trainer"]["numProcPerNode"], 2, "tp = 2 ranks");
+    // A CPU stage's request follows its ranks: one core each.
+    assert_eq!(train["spec"]["trainer"]["resourcesPerNode"]["requests"]["cpu"], "2", "{train:#}");
     assert!(env_of(train).contains(&("PYTHONPATH".into(), "/opt/mflow/workloads/mflow_workloads.zip".into())));
     let volumes = train["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["volumes"].to_string();
     assert!(volumes.contains(cm_name), "{volumes}");
@@ -219,6 +221,25 @@ fn render_prints_every_object_a_run_would_submit() {
     assert!(!yaml.contains("# stage model\n# provisional"), "{yaml}");
     assert!(yaml.contains("# stage train\n# provisional key and name: they depend on the output of `convert`"), "{yaml}");
     assert!(!dir.path().join("volume/kube-render/runs").exists(), "rendering wrote a run");
+}
+
+#[test]
+fn the_shipped_specs_render_with_mflows_own_images() {
+    // No images in the spec: mflow's own, of this version.
+    let dir = tempfile::tempdir().unwrap();
+    let text = pipeline(&dir.path().join("volume/kube-render"), "").replace("image = \"ghcr.io/mflow-dev/mflow-cpu:0.1.0\"\ntrain_image = \"ghcr.io/mflow-dev/mflow:0.1.0\"\n", "");
+    std::fs::write(dir.path().join("corpus.txt"), "fn main() {}\n".repeat(50)).unwrap();
+    let spec = dir.path().join("spec.toml");
+    std::fs::write(&spec, text).unwrap();
+    let (plan, store) = plan_of(&spec);
+    let docs = documents(&render::render(&plan, &store).unwrap());
+    let image = |stage: &str| {
+        let job = docs.iter().find(|j| j["metadata"]["annotations"]["mflow.dev/stage-name"] == stage).unwrap();
+        job["spec"]["trainer"]["image"].as_str().unwrap().to_string()
+    };
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(image("convert"), format!("ghcr.io/mflow-dev/mflow-cpu:{version}"));
+    assert_eq!(image("train"), format!("ghcr.io/mflow-dev/mflow:{version}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

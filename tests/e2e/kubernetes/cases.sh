@@ -53,6 +53,7 @@ setup_phase() {
   else
     IMAGE=busybox:1.36 CPU_RUNTIME=mflow-cpu TORCH_RUNTIME=mflow-torch
   fi
+  export MODE IMAGE CPU_RUNTIME TORCH_RUNTIME
 }
 
 teardown_phase() {
@@ -80,7 +81,8 @@ write_spec() {
   echo "$dir/spec.toml"
 }
 
-# mf ARGS...: the mflow binary, output to the case's log.
+# mf ARGS...: the mflow binary. Cases that signal mflow start "$MFLOW_BIN" itself, so that `$!`
+# is mflow's PID and not a subshell's.
 mf() { "$MFLOW_BIN" "$@"; }
 
 # expect CODE CMD...: runs CMD, shows its output, and fails unless it exits with CODE.
@@ -150,8 +152,8 @@ case_dry_run_every_spec() {
     # A Hub source is resolved over the network at plan time; there is none here.
     grep -q 'hf://' "$spec" && { echo "skipped (needs the Hub): $spec"; continue; }
     echo "== $spec"
-    expect 0 mf render "$spec" --backend kubernetes
-    last >"$STATE_DIR/rendered.yaml"
+    mf render "$spec" --backend kubernetes >"$STATE_DIR/rendered.yaml"
+    grep -c '^kind: TrainJob' "$STATE_DIR/rendered.yaml"
     expect 0 kubectl --kubeconfig "$KUBECONFIG" -n "$NS" apply --dry-run=server --validate=strict -f "$STATE_DIR/rendered.yaml"
     expect 0 mf run --dry-run "$spec" --backend kubernetes
     not_contains "$(last)" "rejected"
@@ -174,7 +176,7 @@ run = ["sh", "-c", "cat $MFLOW_INPUT_PREP/x > $MFLOW_OUTPUT/x"]
 kind = "command"
 needs = ["prep"]
 nodes = 2
-run = ["sh", "-c", "cat $MFLOW_INPUT_PREP/x > $MFLOW_OUTPUT/x"]
+run = ["sh", "-c", "tr a-z A-Z < $MFLOW_INPUT_PREP/x > $MFLOW_OUTPUT/x"]
 
 [stages.join]
 kind = "command"
@@ -260,7 +262,7 @@ run = ["sh", "-c", "true"]
 case_sigkill_then_reattach() {
   local spec pid
   spec=$(write_spec sigkill_then_reattach <<<"$SLOW")
-  mf run "$spec" >"$STATE_DIR/first.out" 2>&1 &
+  "$MFLOW_BIN" run "$spec" >"$STATE_DIR/first.out" 2>&1 &
   pid=$!
   wait_until 60 pod_running sigkill_then_reattach
   kill -KILL "$pid"
@@ -273,7 +275,7 @@ case_sigkill_then_reattach() {
 case_sigterm_detaches_and_reattaches() {
   local spec pid code=0
   spec=$(write_spec sigterm_detaches_and_reattaches <<<"$SLOW")
-  mf run "$spec" >"$STATE_DIR/first.out" 2>&1 &
+  "$MFLOW_BIN" run "$spec" >"$STATE_DIR/first.out" 2>&1 &
   pid=$!
   wait_until 60 pod_running sigterm_detaches_and_reattaches
   kill -TERM "$pid"
@@ -293,7 +295,7 @@ case_sigterm_detaches_and_reattaches() {
 case_sigint_cancels() {
   local spec pid code=0
   spec=$(write_spec sigint_cancels <<<"$SLOW")
-  mf run "$spec" >"$STATE_DIR/first.out" 2>&1 &
+  "$MFLOW_BIN" run "$spec" >"$STATE_DIR/first.out" 2>&1 &
   pid=$!
   wait_until 60 pod_running sigint_cancels
   kill -INT "$pid"
@@ -312,8 +314,7 @@ kind = "command"
 run = ["sh", "-c", "true"]
 EOF
 )
-  expect 0 mf render "$spec"
-  name=$(last | awk '/^kind: TrainJob/ {tj=1} tj && /^  name:/ {print $2; exit}')
+  name=$(mf render "$spec" | awk '/^kind: TrainJob/ {tj=1} tj && /^  name:/ {print $2; exit}')
   [ -n "$name" ] || { echo "no TrainJob name in the rendered objects"; return 1; }
   kc apply -f - <<EOF
 apiVersion: trainer.kubeflow.org/v1alpha1
@@ -435,12 +436,12 @@ EOF
 
 case_missing_and_invalid_images() {
   local spec
-  # An image that no registry can serve: the reason is shown while it waits, and the attempt
-  # is given up as infra after start_timeout.
+  # An image that no registry can serve (a registry on loopback where nothing listens): the
+  # reason is shown while it waits, and the attempt is given up as infra after start_timeout.
   spec=$(write_spec missing_and_invalid_images 'start_timeout = "30s"' <<'EOF'
 [stages.missing]
 kind = "command"
-image = "mflow-e2e/not-there:1"
+image = "127.0.0.1:5999/mflow-e2e/not-there:1"
 run = ["sh", "-c", "true"]
 EOF
 )

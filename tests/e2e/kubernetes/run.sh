@@ -41,7 +41,7 @@ mkdir -p "$RESULTS"
 
 run_case() {
   local name=$1 t=$SECONDS
-  if (set -euo pipefail; "case_$name") >"$RESULTS/$name.log" 2>&1; then
+  if bash "$E2E_DIR/case.sh" "$name" >"$RESULTS/$name.log" 2>&1; then
     passed=$((passed + 1))
     printf 'PASS %-34s %4ss\n' "$name" $((SECONDS - t))
   else
