@@ -189,3 +189,26 @@ pub(crate) fn api_status(err: &kube::Error) -> Option<&kube::core::Status> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_described_in_words_not_debug_dumps() {
+        let status = kube::core::Status::failure("pods \"p\" is forbidden: User \"nobody\" cannot get resource \"pods/log\"", "Forbidden").with_code(403);
+        let text = describe(&kube::Error::Api(Box::new(status.clone())));
+        assert_eq!(text, "pods \"p\" is forbidden: User \"nobody\" cannot get resource \"pods/log\" (Forbidden, HTTP 403)");
+        assert!(!text.contains("Status {") && !text.contains("Some("), "{text}");
+        // A webhook's refusal is about the object, not about the caller's rights.
+        let denial = kube::core::Status::failure("admission webhook \"validator.trainjob.trainer.kubeflow.org\" denied the request: spec.trainer.env: Invalid value", "Forbidden").with_code(403);
+        assert!(is_admission_denial(&denial));
+        assert!(!is_admission_denial(&status));
+        let e = KubeError::from_call(kube::Error::Api(Box::new(denial)), "create", "trainjobs", "x", Some("ml"), "ml", "https://127.0.0.1:6443");
+        assert!(matches!(e, KubeError::Api { .. }), "{e:?}");
+        // Cluster-scoped resources are not said to be in a namespace.
+        let e = KubeError::from_call(kube::Error::Api(Box::new(status)), "get", "clustertrainingruntimes", "x", None, "ml", "u");
+        assert_eq!(e.to_string().split(':').next().unwrap(), "forbidden");
+        assert!(e.to_string().contains("clustertrainingruntimes (cluster-scoped)"), "{e}");
+    }
+}

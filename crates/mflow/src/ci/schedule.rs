@@ -227,7 +227,7 @@ pub async fn apply(objects: &Objects, client: kube::Client, namespace: &str) -> 
         ($api:expr, $obj:expr, $kind:literal) => {{
             let name = $obj.metadata.name.clone().unwrap_or_default();
             $api.patch(&name, &pp, &Patch::Apply($obj)).await.map_err(|e| CiError::Kube {
-                message: format!("applying {} {name}: {e}", $kind),
+                message: format!("applying {} {name}: {}", $kind, mflow_kube::describe(&e)),
                 help: "check the kubeconfig context and that you may create ServiceAccounts, RBAC objects, ConfigMaps and CronJobs in the namespace".into(),
             })?;
             done.push(format!("{}/{name}", $kind));
