@@ -86,6 +86,21 @@ impl HubConfig {
     }
 }
 
+/// A full 40-hex-digit commit id.
+pub fn is_commit(rev: &str) -> bool {
+    rev.len() == 40 && rev.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// Whether an error means the Hub could not be reached or answered with a server error (worth
+/// trying again later), rather than a wrong name, revision or token.
+pub fn is_unavailable(e: &CkptError) -> bool {
+    match e {
+        CkptError::Hub(HubError::Http { .. }) => true,
+        CkptError::Hub(HubError::Status { status, .. }) => *status == 429 || *status >= 500,
+        _ => false,
+    }
+}
+
 /// `hf://ORG/NAME[@REV]` split into repository and revision (default `main`).
 pub fn parse_source(source: &str) -> Result<(String, String), HubError> {
     let bad = || HubError::BadSource { source_spec: source.into() };
@@ -161,6 +176,10 @@ pub fn resolve_hf_revision(source: &str) -> Result<String, CkptError> {
 
 pub fn resolve_with(cfg: &HubConfig, source: &str) -> Result<String, CkptError> {
     let (repo, rev) = parse_source(source)?;
+    // A commit id is its own answer: a pinned source never needs the network to be planned.
+    if is_commit(&rev) {
+        return Ok(rev.to_ascii_lowercase());
+    }
     let http = client(cfg)?;
     Ok(repo_info(cfg, &http, &repo, &rev)?.sha)
 }

@@ -19,7 +19,7 @@ pub mod writer;
 use std::path::Path;
 
 pub use error::CkptError;
-pub use hub::resolve_hf_revision;
+pub use hub::{is_unavailable as hub_unavailable, resolve_hf_revision};
 pub use shape::{check_parallelism, Architecture, ModelShape};
 
 /// Names accepted by `init:PRESET`.

@@ -186,3 +186,18 @@ fn unknown_model_and_bad_references_are_refused() {
         assert!(resolve_with(&cfg, bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn a_pinned_commit_needs_no_network_and_an_outage_is_told_apart_from_a_wrong_name() {
+    // Nothing listens here: a request would fail.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let cfg = config(format!("http://{closed}"));
+    let pinned = format!("hf://org/tiny@{}", SHA.to_uppercase());
+    assert_eq!(resolve_with(&cfg, &pinned).unwrap(), SHA);
+    let outage = resolve_with(&cfg, "hf://org/tiny").unwrap_err();
+    assert!(mflow_ckpt::hub_unavailable(&outage), "{outage}");
+
+    let hub = Arc::new(Hub { files: BTreeMap::new(), wrong_sha: None, truncate_once: Mutex::new(None), seen: Mutex::new(Vec::new()) });
+    let missing = resolve_with(&config(serve(hub)), "hf://org/missing@v1").unwrap_err();
+    assert!(!mflow_ckpt::hub_unavailable(&missing), "a 404 is the spec's fault: {missing}");
+}

@@ -60,6 +60,7 @@ impl Error {
 
     pub fn exit_code(&self) -> exit::ExitCode {
         match self {
+            Error::Plan(plan::PlanError::Unavailable { .. }) => exit::ExitCode::Infra,
             Error::Spec(_) | Error::Plan(_) | Error::Usage { .. } => exit::ExitCode::Invalid,
             _ => exit::ExitCode::Internal,
         }

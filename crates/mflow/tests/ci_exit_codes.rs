@@ -52,3 +52,18 @@ fn documented_table_matches_the_binary() {
         assert!(doc.contains(&format!("| {code} |")), "docs/exit-codes.md lacks code {code}");
     }
 }
+
+#[test]
+fn a_hub_outage_at_plan_time_is_3_and_a_pinned_commit_plans_offline() {
+    const HUB: &str = "[pipeline]\nname = \"x\"\n\n[stages.model]\nkind = \"model\"\nsource = \"SOURCE\"\n";
+    // Nothing listens on this port: the Hub is down.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let endpoint = format!("http://{closed}");
+    let p = Project::new(&HUB.replace("SOURCE", "hf://org/tiny"));
+    let o = p.cmd(&["plan", "spec.toml"]).env("HF_ENDPOINT", &endpoint).output().unwrap();
+    assert_eq!(code(&o), 3, "an unreachable Hub is not a broken spec: {}", stderr(&o));
+    assert!(stderr(&o).contains("mflow::plan::unavailable"), "{}", stderr(&o));
+    let p = Project::new(&HUB.replace("SOURCE", &format!("hf://org/tiny@{}", "ab".repeat(20))));
+    let o = p.cmd(&["plan", "spec.toml"]).env("HF_ENDPOINT", &endpoint).output().unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}

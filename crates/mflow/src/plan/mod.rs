@@ -31,6 +31,10 @@ pub enum PlanError {
     #[error("unknown stage `{0}`")]
     #[diagnostic(code(mflow::plan::unknown_stage), help("`mflow plan SPEC` lists the stages"))]
     UnknownStage(String),
+    /// The spec is fine; something it names could not be reached (exit code 3, not 2).
+    #[error("stage `{stage}`: {message}")]
+    #[diagnostic(code(mflow::plan::unavailable), help("{help}"))]
+    Unavailable { stage: String, message: String, help: String },
 }
 
 #[derive(Debug, Clone)]
@@ -146,8 +150,14 @@ fn stage_params(spec: &Spec, st: &StageSpec, env: &Environment) -> Result<Json, 
     let mut params = crate::stages::resolve_params(st, crate::backend::stage_gpus(spec, st, env)).map_err(|(message, help)| invalid(message, help))?;
     if let Some(src) = params.get("source").and_then(Json::as_str).filter(|s| s.starts_with("hf://")) {
         // The Hub's commit, not the name, identifies the weights.
-        let sha = mflow_ckpt::resolve_hf_revision(src)
-            .map_err(|e| invalid(format!("cannot resolve {src}: {e}"), "check the network, HF_ENDPOINT and HF_TOKEN; or pin the revision to a commit sha".into()))?;
+        let sha = mflow_ckpt::resolve_hf_revision(src).map_err(|e| {
+            let (message, help) = (format!("cannot resolve {src}: {e}"), "check the network, HF_ENDPOINT and HF_TOKEN; or pin the revision to a commit sha (hf://ORG/NAME@<40 hex digits>), which needs no network to plan".to_string());
+            if mflow_ckpt::hub_unavailable(&e) {
+                PlanError::Unavailable { stage: st.name.clone(), message, help }
+            } else {
+                invalid(message, help)
+            }
+        })?;
         params["revision_sha"] = json!(sha);
     }
     Ok(params)
