@@ -67,3 +67,17 @@ fn a_hub_outage_at_plan_time_is_3_and_a_pinned_commit_plans_offline() {
     let o = p.cmd(&["plan", "spec.toml"]).env("HF_ENDPOINT", &endpoint).output().unwrap();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
+
+#[test]
+fn a_link_or_fifo_in_an_output_is_the_stages_error_and_not_retried() {
+    for make in ["ln -s /etc/hostname $MFLOW_OUTPUT/link", "mkfifo $MFLOW_OUTPUT/pipe"] {
+        let spec = format!("[pipeline]\nname = \"x\"\n\n[stages.a]\nkind = \"command\"\nretries = {{ max = 2, backoff = \"10ms\", on = [\"infra\"] }}\nrun = [\"sh\", \"-c\", \"{make}\"]\n");
+        let p = Project::new(&spec);
+        let o = p.run(&[]);
+        assert_eq!(code(&o), 1, "{make}: {}", stderr(&o));
+        let rec = p.latest_record();
+        assert_eq!(rec["stages"]["a"]["attempts"].as_array().unwrap().len(), 1, "{make}: retried as infra: {rec:#}");
+        assert!(rec["stages"]["a"]["message"].as_str().unwrap().starts_with("user: stage output contains"), "{rec:#}");
+        assert!(p.file(".mflow/cache/.staging").read_dir().unwrap().next().is_none(), "{make}: staging left behind");
+    }
+}

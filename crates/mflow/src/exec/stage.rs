@@ -187,7 +187,9 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
                     Ok(m) => m,
                     Err(e) => {
                         sh.store.discard(&staging);
-                        return fail(sh, &name, FailureClass::Infra, e.to_string()).await;
+                        // A link or a FIFO in the output is the stage's doing, and fails every time.
+                        let class = if matches!(e, crate::cache::CacheError::FileType { .. }) { FailureClass::User } else { FailureClass::Infra };
+                        return fail(sh, &name, class, e.to_string()).await;
                     }
                 };
                 drop(lock);
