@@ -81,3 +81,12 @@ fn a_link_or_fifo_in_an_output_is_the_stages_error_and_not_retried() {
         assert!(p.file(".mflow/cache/.staging").read_dir().unwrap().next().is_none(), "{make}: staging left behind");
     }
 }
+
+#[test]
+fn more_gpus_than_the_machine_has_is_refused_at_plan_time() {
+    let p = Project::new(&OK.replace("run = ", "resources = { gpus = 1000 }\nrun = "));
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("asks for 1000 GPUs"), "{}", stderr(&o));
+    assert!(!p.file(".mflow/runs").exists(), "a run started");
+}

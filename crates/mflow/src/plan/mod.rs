@@ -132,6 +132,14 @@ pub fn build_with(mut spec: Spec, env: &Environment, known: Option<inputs::Known
             environment: if st.kind.uses_python() { env.python_digest() } else { String::new() },
             salt: st.salt.clone(),
         };
+        // Locally, a stage that asks for more GPUs than the machine has could never start.
+        if spec.pipeline.backend != "kubernetes" && st.resources.gpus as usize > env.gpus.len() {
+            return Err(PlanError::Invalid {
+                stage: st.name.clone(),
+                message: format!("asks for {} GPUs (resources.gpus), this machine has {}", st.resources.gpus, env.gpus.len()),
+                help: "lower resources.gpus, or run on a machine (or with --backend kubernetes, a cluster) that has them".into(),
+            });
+        }
         let deps = st.needs.iter().map(|n| position[n]).collect();
         let inserted = st.description.as_deref() == Some(RESHARD_NOTE);
         let mut spec_of_stage = owned;

@@ -353,6 +353,9 @@ fn parse_in(path: &Path, dir: PathBuf, text: &str, overrides: &[String]) -> Resu
         }
         let retries = values.get("retries").map(retry_policy).unwrap_or_else(|| default_retries.clone());
         let timeout = values.get("timeout").and_then(duration).or(default_timeout);
+        if let Some(res) = node.get("resources") {
+            check_resources(&src, res, &table, &mut errors);
+        }
         let resources = values.get("resources").map(resources_of).unwrap_or(Resources { gpus: 0, cpus: 1.0, memory: None });
         let common: Vec<&str> = fields::COMMON.iter().map(|f| f.name).collect();
         let take_map = |v: Option<&Json>| -> BTreeMap<String, String> {
@@ -577,6 +580,36 @@ fn retry_policy(v: &Json) -> RetryPolicy {
         backoff: v.get("backoff").and_then(duration).unwrap_or(d.backoff),
         max_backoff: v.get("max_backoff").and_then(duration).unwrap_or(d.max_backoff),
         on: v.get("on").and_then(Json::as_array).map(|a| a.iter().filter_map(|c| FailureClass::parse(c.as_str()?)).collect()).unwrap_or(d.on),
+    }
+}
+
+/// Most cores and GPUs one stage may ask for: beyond any machine, and beyond what the
+/// scheduler's counts are meant for.
+const MAX_CPUS: f64 = 4096.0;
+const MAX_GPUS: i64 = 1024;
+
+/// `resources` values that parse but mean nothing: no cores, negative or absurd counts.
+fn check_resources(src: &Src, node: &Node, table: &str, errors: &mut Vec<SpecError>) {
+    let bad = |errors: &mut Vec<SpecError>, at: &Node, key: &str, reason: String, help: &str| {
+        errors.push(SpecError::InvalidValue { src: src.clone(), span: to_span(at.span()), key: format!("{table}.resources.{key}"), reason, help: help.into() })
+    };
+    if let Some(at) = node.get("cpus") {
+        let cpus = match at.value {
+            Val::Int(i) => Some(i as f64),
+            Val::Float(f) => Some(f),
+            _ => None,
+        };
+        if let Some(c) = cpus.filter(|c| c.is_finite() && (*c <= 0.0 || *c > MAX_CPUS)) {
+            let c = if c.abs() >= 1e6 { format!("{c:e}") } else { c.to_string() };
+            bad(errors, at, "cpus", format!("{c} cores"), "ask for more than 0 and at most 4096 cores, e.g. 0.5 or 8");
+        }
+    }
+    if let Some(at) = node.get("gpus") {
+        if let Val::Int(g) = at.value {
+            if !(0..=MAX_GPUS).contains(&g) {
+                bad(errors, at, "gpus", format!("{g} GPUs"), "ask for 0 to 1024 GPUs per node");
+            }
+        }
     }
 }
 

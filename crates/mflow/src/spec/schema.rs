@@ -74,7 +74,8 @@ pub fn check_table(
                 help: did_you_mean(&key.name, &fields.iter().map(|f| f.name).collect::<Vec<_>>(), "keys"),
             }),
             Some(field) => {
-                if let Some(v) = check_value(src, value, field, &format!("{table}.{}", key.name), errors) {
+                // A nested table is named in backticks for messages; its keys are not.
+                if let Some(v) = check_value(src, value, field, &format!("{}.{}", table.trim_matches('`'), key.name), errors) {
                     out.insert(field.name.to_string(), v);
                 }
             }
@@ -137,6 +138,11 @@ fn check_value(src: &Src, node: &Node, field: &Field, key: &str, errors: &mut Ve
         (Ty::Str, Val::Str(s)) => Some(Json::String(s.clone())),
         (Ty::Int, Val::Int(i)) => Some(Json::from(*i)),
         (Ty::Float, Val::Int(i)) => Some(Json::from(*i as f64)),
+        // nan and inf are TOML numbers, but no setting of a spec means them.
+        (Ty::Float, Val::Float(f)) if !f.is_finite() => {
+            errors.push(invalid(src, node, key, format!("{f} is not a finite number"), "write an ordinary number such as 4 or 0.5"));
+            return None;
+        }
         (Ty::Float, Val::Float(_)) => Some(v.to_json()),
         (Ty::Bool, Val::Bool(b)) => Some(Json::Bool(*b)),
         (Ty::StrOrInt, Val::Str(_) | Val::Int(_)) => Some(v.to_json()),
