@@ -83,6 +83,14 @@ def read_dataset_json(data_dir: str) -> dict[str, Any]:
     return meta
 
 
+def first_sample(iteration: int, micro_batch: int, gbs: int, mbs: int, dp: int, dp_rank: int) -> int:
+    """Position of the first sample of a dp rank's micro-batch: global batch `iteration` holds
+    samples [iteration * gbs, (iteration + 1) * gbs), and dp rank d its contiguous slice
+    [d * gbs/dp, (d+1) * gbs/dp) of it, read mbs at a time. The ranks' slices are disjoint and
+    together the whole batch, so every dp size consumes the same samples."""
+    return iteration * gbs + dp_rank * (gbs // dp) + micro_batch * mbs
+
+
 class SampleSource:
     """Fixed-length windows of one split; `shuffle` permutes windows per epoch from the seed."""
 

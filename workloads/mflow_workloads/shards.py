@@ -248,6 +248,58 @@ def split_tp(full: dict[str, torch.Tensor], spec: ModelSpec, tp: int) -> list[di
     return ranks
 
 
+_LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+
+def stage_layers(manifest: dict[str, Any], pp_rank: int) -> range:
+    """Global layer numbers held by pipeline stage `pp_rank`, from the manifest's layers_per_stage
+    (the converter writes num_layers/pp contiguous layers per stage, numbered from 0 in each file)."""
+    lps = manifest["layers_per_stage"]
+    first = sum(lps[:pp_rank])
+    return range(first, first + lps[pp_rank])
+
+
+def merge_pp(stages: list[dict[str, torch.Tensor]], layers_per_stage: list[int],
+             tied: bool) -> dict[str, torch.Tensor]:
+    """Joins the pipeline stages of one tp rank into a pp=1 state: layer numbers become global, and
+    the last stage's copy of a tied output layer is dropped (at pp=1 the embedding serves)."""
+    out: dict[str, torch.Tensor] = {}
+    offset = 0
+    for p, (state, n) in enumerate(zip(stages, layers_per_stage)):
+        for key, t in state.items():
+            m = _LAYER_KEY.match(key)
+            if m:
+                if int(m.group(1)) >= n:
+                    raise ShardsError(f"stage {p}: {key} is beyond its {n} layers", "regenerate the shards")
+                out[f"decoder.layers.{offset + int(m.group(1))}.{m.group(2)}"] = t
+            elif not (key == "output_layer.weight" and tied and len(stages) > 1):
+                out[key] = t
+        offset += n
+    return out
+
+
+def split_pp(state: dict[str, torch.Tensor], layers_per_stage: list[int], tied: bool) -> list[dict[str, torch.Tensor]]:
+    """The inverse of `merge_pp`, with the converter's placement: embedding on the first stage,
+    final norm and output layer on the last, and for tied weights with pp > 1 a copy of the
+    embedding as the last stage's output layer."""
+    pp = len(layers_per_stage)
+    bounds = [sum(layers_per_stage[:p]) for p in range(pp + 1)]
+    stages: list[dict[str, torch.Tensor]] = [{} for _ in range(pp)]
+    for key, t in state.items():
+        m = _LAYER_KEY.match(key)
+        if m:
+            i = int(m.group(1))
+            p = next(q for q in range(pp) if bounds[q] <= i < bounds[q + 1])
+            stages[p][f"decoder.layers.{i - bounds[p]}.{m.group(2)}"] = t
+        elif key.startswith("embedding."):
+            stages[0][key] = t
+        else:
+            stages[pp - 1][key] = t
+    if tied and pp > 1:
+        stages[pp - 1]["output_layer.weight"] = state["embedding.word_embeddings.weight"].clone()
+    return stages
+
+
 def write_rank_file(out_dir: str, tp_rank: int, pp_rank: int, tensors: dict[str, torch.Tensor],
                     dtype: torch.dtype) -> str:
     """Writes one rank's safetensors file (temp name, then rename) and returns its name."""

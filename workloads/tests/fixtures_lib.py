@@ -113,10 +113,11 @@ def hf_to_full_local(hf: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.
     return out
 
 
-def convert_hf_to_shards(hf_dir: str, out_dir: str, tp: int, dtype: str = "float32") -> str:
-    """Python conversion HF -> mflow shards (Megatron local spec), following megatron.md section 2."""
+def convert_hf_to_shards(hf_dir: str, out_dir: str, tp: int, dtype: str = "float32", pp: int = 1) -> str:
+    """Python conversion HF -> mflow shards (Megatron local spec), following megatron.md section 2;
+    pipeline stages as mflow convert places them (test_pipeline checks it against the binary)."""
     if os.environ.get("MFLOW_BIN"):
-        return convert_with_binary(hf_dir, out_dir, tp, dtype)
+        return convert_with_binary(hf_dir, out_dir, tp, dtype, pp)
     with open(os.path.join(hf_dir, "config.json")) as f:
         cfg = json.load(f)
     index = os.path.join(hf_dir, "model.safetensors.index.json")
@@ -146,13 +147,17 @@ def convert_hf_to_shards(hf_dir: str, out_dir: str, tp: int, dtype: str = "float
         "padded_vocab_size": S.padded_vocab_size(cfg["vocab_size"], tp), "make_vocab_size_divisible_by": 128,
         "share_embeddings_and_output_weights": bool(cfg.get("tie_word_embeddings", False)),
     }
-    manifest = {"format": S.FORMAT, "version": 1, "architecture": arch, "dtype": dtype, "tp": tp, "pp": 1,
-                "layers_per_stage": [model["num_layers"]], "model": model,
-                "files": [{"tp": t, "pp": 0, "path": S.shard_file_name(t, 0)} for t in range(tp)]}
+    if model["num_layers"] % pp:
+        raise ValueError(f"pp={pp} does not divide {model['num_layers']} layers")
+    lps = [model["num_layers"] // pp] * pp
+    manifest = {"format": S.FORMAT, "version": 1, "architecture": arch, "dtype": dtype, "tp": tp, "pp": pp,
+                "layers_per_stage": lps, "model": model,
+                "files": [{"tp": t, "pp": s, "path": S.shard_file_name(t, s)} for s in range(pp) for t in range(tp)]}
     spec = S.ModelSpec(architecture=arch, **model)
     os.makedirs(os.path.join(out_dir, "tokenizer"), exist_ok=True)
-    for t, part in enumerate(S.split_tp(full, spec, tp)):
-        S.write_rank_file(out_dir, t, 0, part, S.DTYPES[dtype])
+    for s, stage in enumerate(S.split_pp(full, lps, spec.share_embeddings_and_output_weights)):
+        for t, part in enumerate(S.split_tp(stage, spec, tp)):
+            S.write_rank_file(out_dir, t, s, part, S.DTYPES[dtype])
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         p = os.path.join(hf_dir, name)
         if os.path.exists(p):
@@ -165,8 +170,9 @@ def convert_hf_to_shards(hf_dir: str, out_dir: str, tp: int, dtype: str = "float
     return out_dir
 
 
-def convert_with_binary(hf_dir: str, out_dir: str, tp: int, dtype: str) -> str:
-    cmd = [os.environ["MFLOW_BIN"], "convert", hf_dir, out_dir, "--tp", str(tp), "--dtype", dtype]
+def convert_with_binary(hf_dir: str, out_dir: str, tp: int, dtype: str, pp: int = 1, binary: str | None = None) -> str:
+    cmd = [binary or os.environ["MFLOW_BIN"], "convert", hf_dir, out_dir, "--tp", str(tp), "--pp", str(pp),
+           "--dtype", dtype]
     subprocess.run(cmd, check=True)
     return out_dir
 

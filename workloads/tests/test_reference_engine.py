@@ -3,7 +3,6 @@
 import json
 import os
 
-import pytest
 import torch
 
 from conftest import HERE, torchrun
@@ -62,8 +61,3 @@ def test_wrong_qkv_layout_is_detected(assets):
     tokens = torch.randint(0, 500, (1, 32), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert (model.full_logits(tokens) - hf(tokens).logits).abs().max().item() > 1e-3
-
-
-def test_pipeline_parallel_is_refused_clearly():
-    with pytest.raises(Exception, match="tensor and data parallelism only"):
-        RP.setup(tp=1, dp=1, pp=2)

@@ -2,7 +2,10 @@
 
 Layout: `iter_0000025/` holding `model_tpXX.safetensors`, `optim_tpXX.safetensors` (AdamW moments
 and step per parameter name), `rng_rankXXXXX.safetensors` (torch RNG states) and `meta.json`
-(iteration, consumed samples, LR-schedule position, seed). A checkpoint is written into
+(iteration, consumed samples, LR-schedule position, seed). With pp > 1 the model and optimizer
+files are per stage, `model_tpXX_ppYYY.safetensors` and `optim_tpXX_ppYYY.safetensors` (stage-local
+layer names, as in the shards), and meta.json also records `pp`; at pp = 1 names and bytes are
+those of the tensor-parallel-only format, so its checkpoints resume unchanged. A checkpoint is written into
 `.tmp_iter_*`, renamed when complete, and only then named by the tracker file
 `latest_checkpointed_iteration.txt` (replaced atomically). The newest two are kept.
 """
@@ -47,6 +50,10 @@ def latest(root: str) -> int | None:
     return it
 
 
+def rank_suffix(p: Parallel) -> str:
+    return f"tp{p.tp_rank:02}" if p.pp == 1 else f"tp{p.tp_rank:02}_pp{p.pp_rank:03}"
+
+
 def _barrier():
     if dist.is_initialized():
         dist.barrier()
@@ -63,14 +70,14 @@ def save(root: str, iteration: int, model: torch.nn.Module, opt: torch.optim.Opt
     if p.dp_rank == 0:  # model and optimizer are replicated across data-parallel ranks
         names = {id(prm): n for n, prm in model.named_parameters()}
         save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
-                  os.path.join(tmp, f"model_tp{p.tp_rank:02}.safetensors"))
+                  os.path.join(tmp, f"model_{rank_suffix(p)}.safetensors"))
         moments = {}
         for prm, st in opt.state.items():
             n = names[id(prm)]
             for key in ("exp_avg", "exp_avg_sq"):
                 moments[f"{key}/{n}"] = st[key].detach().cpu().contiguous()
             moments[f"step/{n}"] = torch.as_tensor(st["step"], dtype=torch.float64).reshape(1).cpu()
-        save_file(moments, os.path.join(tmp, f"optim_tp{p.tp_rank:02}.safetensors"))
+        save_file(moments, os.path.join(tmp, f"optim_{rank_suffix(p)}.safetensors"))
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state()
@@ -78,7 +85,10 @@ def save(root: str, iteration: int, model: torch.nn.Module, opt: torch.optim.Opt
     _barrier()
     if p.rank == 0:
         with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
-            json.dump({**meta, "iteration": iteration, "tp": p.tp, "dp": p.dp}, f)
+            record = {**meta, "iteration": iteration, "tp": p.tp, "dp": p.dp}
+            if p.pp > 1:  # absent at pp = 1, where meta.json stays as it was before pipelines
+                record["pp"] = p.pp
+            json.dump(record, f)
         final = iter_dir(root, iteration)
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
@@ -103,14 +113,15 @@ def load(root: str, iteration: int, model: torch.nn.Module, opt: torch.optim.Opt
     d = iter_dir(root, iteration)
     with open(os.path.join(d, "meta.json"), encoding="utf-8") as f:
         meta = json.load(f)
-    if meta["tp"] != p.tp:
-        raise CheckpointError(f"{d}: saved with tp={meta['tp']}, this run has tp={p.tp}",
-                              "resume with the same tp, or clear the scratch directory")
+    if meta["tp"] != p.tp or meta.get("pp", 1) != p.pp:
+        raise CheckpointError(f"{d}: saved with tp={meta['tp']} pp={meta.get('pp', 1)}, "
+                              f"this run has tp={p.tp} pp={p.pp}",
+                              "resume with the same tp and pp, or clear the scratch directory")
     device = next(model.parameters()).device
-    with safe_open(os.path.join(d, f"model_tp{p.tp_rank:02}.safetensors"), framework="pt") as f:
+    with safe_open(os.path.join(d, f"model_{rank_suffix(p)}.safetensors"), framework="pt") as f:
         model.load_state_dict({k: f.get_tensor(k) for k in f.keys()}, strict=True)
     params = dict(model.named_parameters())
-    with safe_open(os.path.join(d, f"optim_tp{p.tp_rank:02}.safetensors"), framework="pt") as f:
+    with safe_open(os.path.join(d, f"optim_{rank_suffix(p)}.safetensors"), framework="pt") as f:
         keys = set(f.keys())
         for n, prm in params.items():
             if f"exp_avg/{n}" not in keys:

@@ -1,5 +1,9 @@
 """GPT with Megatron-Core local-spec names and per-rank shapes, tensor-parallel over `Parallel`.
 
+With pipeline parallelism a rank builds only its stage, as Megatron's GPTModel does with
+pre_process / post_process: the embedding on the first stage, the final norm and output layer on
+the last, and the stage's own layers numbered from 0, so its state_dict is its shard file.
+
 Each rank holds only its shard: column-parallel linears (qkv, fc1, output layer) keep rows
 [r*n/tp, (r+1)*n/tp), row-parallel linears (proj, fc2) keep the matching input columns, and the
 vocab-parallel embedding keeps its vocab slice. Replicated tensors are the norms, row-parallel
@@ -167,10 +171,10 @@ class Layer(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, spec: ModelSpec, p: Parallel, kernel: str):
+    def __init__(self, spec: ModelSpec, p: Parallel, kernel: str, layers: int, post_process: bool):
         super().__init__()
-        self.layers = nn.ModuleList(Layer(spec, p, kernel) for _ in range(spec.num_layers))
-        self.final_layernorm = Norm(spec)
+        self.layers = nn.ModuleList(Layer(spec, p, kernel) for _ in range(layers))
+        self.final_layernorm = Norm(spec) if post_process else None
 
 
 class Embedding(nn.Module):
@@ -199,19 +203,29 @@ class Embedding(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, spec: ModelSpec, p: Parallel, tp: int | None = None, attention: str = "sdpa"):
+    def __init__(self, spec: ModelSpec, p: Parallel, tp: int | None = None, attention: str = "sdpa",
+                 layers: int | None = None):
         super().__init__()
         self.spec, self.p = spec, p
         padded = spec.padded_vocab_for(tp or p.tp)
         if padded % p.tp:
             raise ParallelError(f"padded vocab {padded} not divisible by tp={p.tp}", "re-run convert for this tp")
         vocab_local = padded // p.tp
-        self.embedding = Embedding(spec, p, vocab_local)
-        self.decoder = Decoder(spec, p, attention)
+        layers = spec.num_layers if layers is None else layers
+        if p.pp == 1 and layers != spec.num_layers:
+            raise ParallelError(f"{layers} layers asked of a single stage of a {spec.num_layers}-layer model",
+                                "pass the stage's layer count only with pp > 1")
+        self.pre_process, self.post_process = p.is_first_stage, p.is_last_stage
+        self.embedding = Embedding(spec, p, vocab_local) if self.pre_process else None
+        self.decoder = Decoder(spec, p, attention, layers, self.post_process)
         self.tied = spec.share_embeddings_and_output_weights
-        if not self.tied:
+        # Tied at pp > 1: the last stage holds its own copy, kept equal to the first stage's
+        # embedding by an all-reduce of the two gradients (Megatron's embedding group).
+        self.has_output_layer = self.post_process and (not self.tied or not self.pre_process)
+        if self.has_output_layer:
             self.output_layer = nn.Module()
             self.output_layer.weight = _param(vocab_local, spec.hidden_size, tp_split=True)
+            self.output_layer.weight.shared_copy = self.tied
         self.use_rope = spec.position_embedding_type == "rope"
         self.register_buffer("inv_freq", rope_inv_freq(spec), persistent=False)
 
@@ -222,19 +236,31 @@ class GPT(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)[None, :, None, :]  # [1, s, 1, rot]
         return emb.cos(), emb.sin()
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Local vocab-parallel logits [b, s, Vp/tp]."""
-        x = self.embedding(tokens)
-        rope = self._rope(tokens.shape[1], tokens.device)
+    def shared_embedding(self) -> torch.nn.Parameter | None:
+        """This stage's copy of a tied embedding when pp > 1 (None elsewhere)."""
+        if not self.tied or self.p.pp == 1:
+            return None
+        if self.pre_process:
+            return self.embedding.word_embeddings.weight
+        return self.output_layer.weight if self.post_process else None
+
+    def forward(self, tokens: torch.Tensor | None, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """Local vocab-parallel logits [b, s, Vp/tp] on the last stage, else the hidden states
+        [b, s, H] for the next one. The first stage reads `tokens`, the others `hidden`."""
+        x = self.embedding(tokens) if self.pre_process else hidden
+        rope = self._rope(x.shape[1], x.device)
         for layer in self.decoder.layers:
             x = layer(x, rope)
+        if not self.post_process:
+            return x
         x = self.decoder.final_layernorm(x)
-        w = self.embedding.word_embeddings.weight if self.tied else self.output_layer.weight
+        w = self.output_layer.weight if self.has_output_layer else self.embedding.word_embeddings.weight
         return F.linear(copy_to_tp(x, self.p), w)
 
-    def loss(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Per-token loss [b, s]."""
-        return vocab_parallel_cross_entropy(self.forward(tokens), labels, self.p)
+    def loss(self, tokens: torch.Tensor | None, labels: torch.Tensor,
+             hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-token loss [b, s] (last stage)."""
+        return vocab_parallel_cross_entropy(self.forward(tokens, hidden), labels, self.p)
 
     def full_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """Gathered logits over the true vocab [b, s, V]."""
@@ -242,9 +268,10 @@ class GPT(nn.Module):
 
 
 def build(spec: ModelSpec, p: Parallel, state: dict[str, torch.Tensor], tp: int | None = None,
-          attention: str = "sdpa", device="cpu") -> GPT:
-    """Builds the model and loads one rank's state with strict=True (fp32 master weights)."""
-    model = GPT(spec, p, tp=tp, attention=attention)
+          attention: str = "sdpa", device="cpu", layers: int | None = None) -> GPT:
+    """Builds the model (the rank's stage, of `layers` layers, when pp > 1) and loads one rank's
+    state with strict=True (fp32 master weights)."""
+    model = GPT(spec, p, tp=tp, attention=attention, layers=layers)
     model.load_state_dict({k: v.float() for k, v in state.items() if not k.endswith("_extra_state")}, strict=True)
     return model.to(device)
 

@@ -1,12 +1,15 @@
 """Process groups and the conjugate tensor-parallel operators (Megatron's f and g).
 
-Ranks are laid out as Megatron does with pp=1: rank = dp_rank * tp + tp_rank, so the tp ranks
-of one model replica are neighbours.
+Ranks are laid out as Megatron-Core lays them out by default (parallel_state's order
+"tp-cp-ep-dp-pp"): its RankGenerator gives the first name of the order the smallest stride, so
+with cp = ep = 1, rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank. The tp ranks of one model
+replica are neighbours (one node, fast links), and a rank has the same coordinates under both of
+mflow's engines, so shards and checkpoints of a rank mean the same thing in either.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -23,10 +26,34 @@ class Parallel:
     dp_rank: int = 0
     tp_group: object = None
     dp_group: object = None
+    pp: int = 1
+    pp_rank: int = 0
+    pp_group: object = None
+    # tp x pp ranks of one replica (Megatron's model-parallel group): the grad norm is summed here.
+    mp_group: object = None
+    # First and last stage of this rank's pipeline, which both hold the tied embedding.
+    embedding_group: object = None
+    embedding_ranks: list = field(default_factory=list)
 
     @property
     def world(self) -> int:
-        return self.tp * self.dp
+        return self.tp * self.pp * self.dp
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    @property
+    def prev_rank(self) -> int:
+        return self.rank - self.tp * self.dp
+
+    @property
+    def next_rank(self) -> int:
+        return self.rank + self.tp * self.dp
 
 
 def single() -> Parallel:
@@ -34,25 +61,45 @@ def single() -> Parallel:
     return Parallel()
 
 
+def coordinates(rank: int, tp: int, dp: int, pp: int) -> tuple[int, int, int]:
+    """(tp_rank, dp_rank, pp_rank) of a global rank."""
+    return rank % tp, (rank // tp) % dp, rank // (tp * dp)
+
+
+def group_ranks(tp: int, dp: int, pp: int) -> dict[str, list[list[int]]]:
+    """Every group of each kind, as lists of global ranks, in the order they are created."""
+    r = lambda t, d, s: s * dp * tp + d * tp + t  # noqa: E731
+    pipelines = [[r(t, d, s) for s in range(pp)] for d in range(dp) for t in range(tp)]
+    return {
+        "tp": [[r(t, d, s) for t in range(tp)] for s in range(pp) for d in range(dp)],
+        "dp": [[r(t, d, s) for d in range(dp)] for s in range(pp) for t in range(tp)],
+        "pp": pipelines,
+        "mp": [sorted(r(t, d, s) for s in range(pp) for t in range(tp)) for d in range(dp)],
+        "embedding": [[q[0], q[-1]] for q in pipelines],
+    }
+
+
 def setup(tp: int, dp: int, pp: int = 1) -> Parallel:
-    """Creates tp and dp groups over the already initialised default group."""
-    if pp != 1:
-        raise ParallelError(f"pp={pp}: the reference engine supports tensor and data parallelism only",
-                            "set pp = 1, or use the megatron engine on CUDA for pipeline parallelism")
+    """Creates the tp, dp and (for pp > 1) pipeline, model-parallel and embedding groups over the
+    already initialised default group."""
     world = dist.get_world_size()
-    if world != tp * dp:
+    if world != tp * pp * dp:
         raise ParallelError(f"launched world size {world} != tp*pp*dp = {tp}*{pp}*{dp}",
                             "launch tp*pp*dp processes (nnodes * nproc_per_node)")
     rank = dist.get_rank()
-    p = Parallel(tp=tp, dp=dp, rank=rank, tp_rank=rank % tp, dp_rank=rank // tp)
-    for d in range(dp):  # every rank must take part in creating every group
-        g = dist.new_group(list(range(d * tp, (d + 1) * tp)))
-        if d == p.dp_rank:
-            p.tp_group = g
-    for t in range(tp):
-        g = dist.new_group(list(range(t, world, tp)))
-        if t == p.tp_rank:
-            p.dp_group = g
+    t, d, s = coordinates(rank, tp, dp, pp)
+    p = Parallel(tp=tp, dp=dp, pp=pp, rank=rank, tp_rank=t, dp_rank=d, pp_rank=s)
+    groups = group_ranks(tp, dp, pp)
+    kinds = ("tp", "dp") + (("pp", "mp", "embedding") if pp > 1 else ())
+    for kind in kinds:
+        for ranks in groups[kind]:  # every rank must take part in creating every group
+            g = dist.new_group(ranks)
+            if rank in ranks:
+                setattr(p, f"{kind}_group", g)
+                if kind == "embedding":
+                    p.embedding_ranks = ranks
+    if pp == 1:
+        p.mp_group = p.tp_group
     return p
 
 

@@ -1,4 +1,11 @@
-"""Training loop of the reference engine: TP x DP over torch.distributed, AdamW in fp32."""
+"""Training loop of the reference engine: TP x PP x DP over torch.distributed, AdamW in fp32.
+
+Data parallelism: every global batch of `global_batch_size` consecutive samples is cut into dp
+contiguous slices, rank d taking samples [d * gbs/dp, (d+1) * gbs/dp) in micro-batches (the
+megatron engine cuts its batches the same way); gradients are averaged over the dp group.
+Pipeline parallelism: see pipeline.py for the schedule; after backward, the two copies of a tied
+embedding have their gradients summed over the embedding group, so they stay equal.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from ..events import Metrics, Progress, Status
 from ..flops import flops_per_batch
 from ..schedule import lr_at
 from . import checkpoint as C
+from . import pipeline as PL
 from .model import GPT, build
 from .parallel import Parallel, setup
 
@@ -51,17 +59,20 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float, p: Parallel) -> float:
-    """Global L2 norm over the whole model; replicated tensors count once (tp rank 0)."""
+    """Global L2 norm over the whole model (all tp ranks and stages); replicated tensors count once
+    (tp rank 0), and so does a tied embedding held by two stages (the first stage's copy)."""
     sq = torch.zeros((), dtype=torch.float64)
     grads = []
     for prm in model.parameters():
         if prm.grad is None:
             continue
         grads.append(prm.grad)
+        if getattr(prm, "shared_copy", False):
+            continue
         if getattr(prm, "tensor_model_parallel", False) or p.tp_rank == 0:
             sq += prm.grad.detach().double().pow(2).sum().cpu()
-    if p.tp > 1:
-        dist.all_reduce(sq, group=p.tp_group)
+    if p.tp * p.pp > 1:
+        dist.all_reduce(sq, group=p.mp_group)
     norm = math.sqrt(sq.item())
     if max_norm > 0 and norm > max_norm:
         coeff = max_norm / (norm + 1e-6)
@@ -83,6 +94,34 @@ def sync_data_parallel_grads(model: torch.nn.Module, p: Parallel) -> None:
         off += g.numel()
 
 
+def sync_tied_embedding(model: GPT, p: Parallel) -> None:
+    """Makes the last stage's copy of a tied embedding equal to the first stage's, as Megatron
+    does when it builds the model (the shards already hold equal copies; this makes it certain)."""
+    w = model.shared_embedding()
+    if w is not None:
+        with torch.no_grad():
+            dist.broadcast(w.data, src=p.embedding_ranks[0], group=p.embedding_group)
+
+
+def all_reduce_tied_embedding_grads(model: GPT, p: Parallel) -> None:
+    """Sums the gradients of the two copies of a tied embedding (first and last stage), so both
+    take the same optimizer step: the gradient the single tensor would get at pp = 1."""
+    w = model.shared_embedding()
+    if w is not None and w.grad is not None:
+        dist.all_reduce(w.grad, group=p.embedding_group)
+
+
+def batch_fn(src: D.SampleSource, it: int, gbs: int, mbs: int, p: Parallel, device):
+    """Micro-batch `mb` of this dp rank at iteration `it`: tokens where the first stage needs them,
+    labels where the last stage does (a middle stage reads nothing)."""
+    def batch(mb: int):
+        if not (p.is_first_stage or p.is_last_stage):
+            return None, None
+        tokens, labels = src.batch(D.first_sample(it, mb, gbs, mbs, p.dp, p.dp_rank), mbs)
+        return (tokens.to(device) if p.is_first_stage else None), (labels.to(device) if p.is_last_stage else None)
+    return batch
+
+
 def evaluate_loss(model: GPT, src: D.SampleSource, cfg_iters: int, gbs: int, mbs: int, p: Parallel,
                   autocast_dtype, device) -> float:
     """Mean loss over the first `cfg_iters * gbs` windows of a split (a fixed set every time)."""
@@ -90,20 +129,29 @@ def evaluate_loss(model: GPT, src: D.SampleSource, cfg_iters: int, gbs: int, mbs
     per_dp = gbs // p.dp
     total = torch.zeros((), dtype=torch.float64)
     count = 0
-    with torch.no_grad():
-        for it in range(cfg_iters):
-            for mb in range(per_dp // mbs):
-                first = it * gbs + p.dp_rank * per_dp + mb * mbs
-                tokens, labels = src.batch(first, mbs)
-                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-                    loss = model.loss(tokens.to(device), labels.to(device)).float().mean()
-                total += loss.double().cpu()
-                count += 1
+    shape = (mbs, src.seq, model.spec.hidden_size)
+    for it in range(cfg_iters):
+        losses = PL.forward_only(model, batch_fn(src, it, gbs, mbs, p, device), per_dp // mbs, p, shape, device,
+                                 autocast_dtype)
+        for loss in losses:
+            total += loss.double().cpu()
+            count += 1
     t = torch.tensor([total.item(), float(count)], dtype=torch.float64)
+    if p.pp > 1:  # only the last stage has losses
+        dist.all_reduce(t, group=p.pp_group)
     if p.dp > 1:
         dist.all_reduce(t, group=p.dp_group)
     model.train()
     return float(t[0] / t[1])
+
+
+def check_layout(cfg: TrainConfig, manifest: dict) -> None:
+    """The shards must be converted for the training tp and pp (layers are not moved between
+    stages here: the converter's layers_per_stage decides what each stage holds)."""
+    if manifest["tp"] != cfg.tp or manifest["pp"] != cfg.pp:
+        raise ConfigError(f"shards {cfg.shards} have tp={manifest['tp']} pp={manifest['pp']} but the train config "
+                          f"asks tp={cfg.tp} pp={cfg.pp}",
+                          "convert (or reshard) the checkpoint for the training tp and pp")
 
 
 def run(cfg: TrainConfig, device: torch.device) -> dict:
@@ -113,9 +161,7 @@ def run(cfg: TrainConfig, device: torch.device) -> dict:
     progress = Progress("train", cfg.iterations, "it", is_main)
     manifest = S.read_manifest(cfg.shards)
     spec = S.spec_of(manifest)
-    if manifest["tp"] != cfg.tp:
-        raise ConfigError(f"shards {cfg.shards} have tp={manifest['tp']} but the train config asks tp={cfg.tp}",
-                          "convert (or reshard) the checkpoint for the training tp")
+    check_layout(cfg, manifest)
     meta = D.read_dataset_json(cfg.data)
     if meta["vocab_size"] > spec.vocab_size:
         raise DatasetError(f"{cfg.data}/dataset.json: vocab_size {meta['vocab_size']} exceeds the model's {spec.vocab_size}",
@@ -124,7 +170,9 @@ def run(cfg: TrainConfig, device: torch.device) -> dict:
     valid_src = D.SampleSource(os.path.join(cfg.data, "valid"), cfg.seq_length, cfg.seed, False, spec.vocab_size)
 
     torch.manual_seed(cfg.seed + p.rank)
-    model = build(spec, p, S.load_rank(cfg.shards, manifest, p.tp_rank), attention=cfg.attention, device=device)
+    model = build(spec, p, S.load_rank(cfg.shards, manifest, p.tp_rank, p.pp_rank), attention=cfg.attention,
+                  device=device, layers=len(S.stage_layers(manifest, p.pp_rank)) if p.pp > 1 else None)
+    sync_tied_embedding(model, p)
     model.train()
     opt = make_optimizer(model, cfg)
     autocast_dtype = torch.bfloat16 if cfg.precision == "bf16" else None
@@ -144,7 +192,7 @@ def run(cfg: TrainConfig, device: torch.device) -> dict:
 
     term = _Terminate()
     num_mb = cfg.num_microbatches
-    per_dp = cfg.global_batch_size // cfg.dp
+    act_shape = (cfg.micro_batch_size, cfg.seq_length, spec.hidden_size)
     flops = flops_per_batch(spec, cfg.global_batch_size, cfg.seq_length, spec.padded_vocab_for(cfg.tp))
     first_val = last_val = None
     loss_value = float("nan")
@@ -156,17 +204,15 @@ def run(cfg: TrainConfig, device: torch.device) -> dict:
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        for mb in range(num_mb):
-            first = it * cfg.global_batch_size + p.dp_rank * per_dp + mb * cfg.micro_batch_size
-            tokens, labels = train_src.batch(first, cfg.micro_batch_size)
-            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-                loss = model.loss(tokens.to(device), labels.to(device)).float().mean() / num_mb
-            loss.backward()
-            loss_sum += loss.detach().double().cpu()
+        batch = batch_fn(train_src, it, cfg.global_batch_size, cfg.micro_batch_size, p, device)
+        loss_sum = PL.forward_backward(model, batch, num_mb, p, act_shape, device, autocast_dtype)
+        # Megatron's order (finalize_model_grads): data-parallel average, then the embedding group.
         sync_data_parallel_grads(model, p)
+        all_reduce_tied_embedding_grads(model, p)
         grad_norm = clip_grad_norm(model, cfg.clip_grad, p)
         opt.step()
+        if p.pp > 1:  # the loss is known on the last stage only
+            dist.all_reduce(loss_sum, group=p.pp_group)
         loss_value = float(_all_reduce_mean(loss_sum, p.dp_group, p.dp))
         dt = time.perf_counter() - t0
         tokens_done += cfg.global_batch_size * cfg.seq_length
@@ -193,13 +239,13 @@ def run(cfg: TrainConfig, device: torch.device) -> dict:
             raise InterruptedError(f"terminated by SIGTERM; checkpoint saved at iteration {done}")
 
     if p.dp_rank == 0:
-        S.write_rank_file(cfg.output, p.tp_rank, 0, model.state_dict(), S.DTYPES[manifest["dtype"]])
+        S.write_rank_file(cfg.output, p.tp_rank, p.pp_rank, model.state_dict(), S.DTYPES[manifest["dtype"]])
     dist.barrier()
     summary = {"engine": "reference", "iterations": cfg.iterations, "final_loss": loss_value,
                "first_val_loss": first_val, "last_val_loss": last_val,
                "tokens": cfg.iterations * cfg.global_batch_size * cfg.seq_length,
                "tokens_this_attempt": tokens_done, "time_s": time.perf_counter() - t_start,
-               "resumed_from": resumed_from, "tp": cfg.tp, "dp": cfg.dp}
+               "resumed_from": resumed_from, "tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp}
     if is_main:
         S.finalize_shards(cfg.output, cfg.shards, manifest)
         with open(os.path.join(cfg.output, "train_summary.json"), "w", encoding="utf-8") as f:
