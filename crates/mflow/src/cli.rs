@@ -98,7 +98,8 @@ pub enum Command {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
     },
-    /// Delete cache entries that no kept run references.
+    /// Delete the cache entries (known to the manifest log) that no kept run references.
+    /// Refused while a run uses the workdir (exit 3), unless --wait.
     Gc {
         #[arg(long, default_value = ".mflow")]
         workdir: PathBuf,
@@ -107,7 +108,13 @@ pub enum Command {
         keep_runs: usize,
         #[arg(long)]
         dry_run: bool,
+        /// Wait for the runs using the workdir to end instead of refusing.
+        #[arg(long)]
+        wait: bool,
     },
+    /// Inspect and mend the cache of a workdir.
+    #[command(subcommand)]
+    Cache(CacheCommand),
     /// Report Python, torch, CUDA devices, NCCL and megatron-core.
     Doctor,
     /// Provision the Python environment of the workloads and print its interpreter.
@@ -135,6 +142,23 @@ pub enum Command {
     /// Kubernetes objects mflow needs, rendered for your cluster.
     #[command(subcommand)]
     Kube(KubeCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CacheCommand {
+    /// Rebuild the manifest log: entries whose files match the output digest recorded for their
+    /// key get their line back, the others are moved to cache/.unverified/. Deletes nothing but
+    /// byte-identical copies.
+    Repair {
+        #[arg(long, default_value = ".mflow")]
+        workdir: PathBuf,
+        /// Say what would be done, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Wait for the runs using the workdir to end instead of refusing.
+        #[arg(long)]
+        wait: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -335,7 +359,8 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
                 d => Err(Error::usage(format!("stage `{stage}` has no committed output for the current spec ({})", describe(d)), format!("run `mflow run {}` first", spec.display()))),
             }
         }
-        Command::Gc { workdir, keep_runs, dry_run } => gc(&workdir, keep_runs, dry_run),
+        Command::Gc { workdir, keep_runs, dry_run, wait } => gc(&workdir, keep_runs, dry_run, wait),
+        Command::Cache(CacheCommand::Repair { workdir, dry_run, wait }) => repair(&workdir, dry_run, wait),
         Command::Doctor => doctor(),
         Command::Env => {
             let env = Environment::detect(None);
@@ -574,37 +599,69 @@ fn print_logs(dir: &Path, attempts: usize, follow: bool, workdir: &Path, id: &st
     }
 }
 
-fn gc(workdir: &Path, keep_runs: usize, dry_run: bool) -> Result<ExitCode, Error> {
-    let store = crate::cache::Store::open(workdir)?;
-    let ids = record::list(workdir);
-    let keep: std::collections::BTreeSet<String> = ids
-        .iter()
-        .rev()
-        .take(keep_runs)
-        .filter_map(|id| record::load(workdir, id))
-        .flat_map(|r| r.stages.into_values().filter_map(|s| s.key))
-        .collect();
-    let mut freed = 0u64;
-    let mut removed = 0usize;
-    for key in store.keys() {
-        if keep.contains(&key) {
-            continue;
-        }
-        // A key being computed right now is locked; leave it.
-        let Some(_lock) = store.try_lock(&key)? else { continue };
-        freed += store.size(&key);
-        removed += 1;
+fn gc(workdir: &Path, keep_runs: usize, dry_run: bool, wait: bool) -> Result<ExitCode, Error> {
+    let r = match crate::cache::gc(workdir, keep_runs, dry_run, wait) {
+        Ok(r) => r,
+        Err(e) => return Ok(refused(e)),
+    };
+    let verb = if dry_run { "would remove" } else { "removed" };
+    for (key, _) in &r.removed {
         if dry_run {
             println!("would remove {key}");
-        } else {
-            store.remove(&key)?;
         }
     }
-    if !dry_run {
-        store.compact()?;
+    let freed: u64 = r.removed.iter().map(|(_, b)| b).sum();
+    println!("{verb} {} entries, {:.1} MB; kept {} that recent runs use", r.removed.len(), freed as f64 / 1e6, r.kept);
+    if !r.locked.is_empty() {
+        println!("left {} entries being computed right now", r.locked.len());
     }
-    println!("{} {removed} entries, {:.1} MB", if dry_run { "would remove" } else { "removed" }, freed as f64 / 1e6);
+    if let Some(log) = &r.no_log {
+        eprintln!("mflow: the manifest log {} is missing, so no entry is known to be mflow's: nothing was removed; `mflow cache repair --workdir {}` rebuilds it", log.display(), workdir.display());
+    } else if !r.unknown.is_empty() {
+        eprintln!("mflow: left {} names in the cache that the manifest log does not know ({}); `mflow cache repair --workdir {}` looks at them", r.unknown.len(), r.unknown.iter().take(3).cloned().collect::<Vec<_>>().join(", "), workdir.display());
+    }
     Ok(ExitCode::Success)
+}
+
+fn repair(workdir: &Path, dry_run: bool, wait: bool) -> Result<ExitCode, Error> {
+    let r = match crate::cache::repair(workdir, dry_run, wait) {
+        Ok(r) => r,
+        Err(e) => return Ok(refused(e)),
+    };
+    let would = if dry_run { "would be " } else { "" };
+    if let Some((what, to)) = &r.log_moved {
+        println!("the manifest log was {what}: {would}moved to {}", to.display());
+    }
+    for key in &r.restored {
+        println!("{would}restored {key}");
+    }
+    for (key, to, why) in &r.set_aside {
+        println!("{would}set aside {key} ({why}): {}", to.display());
+    }
+    for path in &r.duplicates {
+        println!("{would}removed {} (the committed entry holds the same files)", path.display());
+    }
+    println!(
+        "{} intact, {} {would}restored, {} {would}set aside, {} duplicates {would}removed",
+        r.intact,
+        r.restored.len(),
+        r.set_aside.len(),
+        r.duplicates.len()
+    );
+    if !r.unverified.is_empty() {
+        println!("{} directories in cache/.unverified/ match no run record: look at them and delete what you do not need", r.unverified.len());
+    }
+    if !r.foreign.is_empty() {
+        println!("left {} names in the cache that are not mflow entries: {}", r.foreign.len(), r.foreign.join(", "));
+    }
+    Ok(ExitCode::Success)
+}
+
+/// A maintenance command that was refused or failed: the diagnostic, and its exit code.
+fn refused(e: crate::cache::CacheError) -> ExitCode {
+    let code = e.exit_code();
+    eprintln!("{:?}", miette::Report::new(e));
+    code
 }
 
 fn doctor() -> Result<ExitCode, Error> {

@@ -44,11 +44,20 @@ impl OpenDir {
     /// Stats `rel` below the directory, following symbolic links as `fs::metadata` does.
     /// `rel` must be relative; an absolute path is looked up from the root.
     pub fn stat(&self, rel: &Path) -> io::Result<FileStat> {
+        self.stat_with(rel, 0)
+    }
+
+    /// Stats `rel` itself: a symbolic link is not followed (and is neither a file nor a directory).
+    pub fn lstat(&self, rel: &Path) -> io::Result<FileStat> {
+        self.stat_with(rel, libc::AT_SYMLINK_NOFOLLOW)
+    }
+
+    fn stat_with(&self, rel: &Path, flags: libc::c_int) -> io::Result<FileStat> {
         let c = CString::new(rel.as_os_str().as_bytes()).map_err(io::Error::other)?;
         // SAFETY: an all-zero `stat` is a valid value for the kernel to overwrite.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: the descriptor is open for this struct's life, `c` is NUL-terminated, `st` is writable.
-        if unsafe { libc::fstatat(self.fd.as_raw_fd(), c.as_ptr(), &mut st, 0) } != 0 {
+        if unsafe { libc::fstatat(self.fd.as_raw_fd(), c.as_ptr(), &mut st, flags) } != 0 {
             return Err(io::Error::last_os_error());
         }
         let kind = st.st_mode & libc::S_IFMT;

@@ -42,6 +42,26 @@ impl Log {
         &self.path
     }
 
+    /// Whether the last read found a log (false: none, or it could not be read).
+    pub fn found(&self) -> bool {
+        self.open.is_some()
+    }
+
+    /// The newest manifest of every key among the lines read so far.
+    pub fn manifests(&self) -> impl Iterator<Item = &Arc<Manifest>> {
+        self.open.iter().flat_map(|r| r.known.values())
+    }
+
+    /// Fails unless the log is absent or a regular file this process can read and append to:
+    /// a run finds out before its first commit.
+    pub fn check_usable(&self) -> io::Result<()> {
+        match fs::symlink_metadata(&self.path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+            Ok(_) => super::files::open(&self.path, OpenOptions::new().read(true).append(true)).map(drop),
+        }
+    }
+
     /// The newest manifest of `key` among the lines read so far, reading the log's new lines
     /// first when `key` is not among them (or when `fresh` asks for the newest state).
     pub fn get(&mut self, key: &str, fresh: bool) -> io::Result<Option<Arc<Manifest>>> {
@@ -56,7 +76,11 @@ impl Log {
 
     /// Reads what was appended since the last read; starts over after a compaction.
     pub fn refresh(&mut self) -> io::Result<()> {
-        let ino = match fs::metadata(&self.path) {
+        let ino = match fs::symlink_metadata(&self.path) {
+            Ok(m) if !m.file_type().is_file() => {
+                self.open = None;
+                return Err(super::files::not_regular(m.file_type()));
+            }
             Ok(m) => m.ino(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 self.open = None;
@@ -65,7 +89,7 @@ impl Log {
             Err(e) => return Err(e),
         };
         if self.open.as_ref().map(|r| r.ino) != Some(ino) {
-            let file = File::open(&self.path)?;
+            let file = super::files::open(&self.path, OpenOptions::new().read(true))?;
             let ino = file.metadata()?.ino();
             self.open = Some(Reader {
                 file,
@@ -122,6 +146,10 @@ impl Log {
 
     /// Rewrites the log with the newest line of each key that `keep` accepts.
     pub fn compact(&mut self, keep: impl Fn(&str) -> bool) -> io::Result<()> {
+        // A compaction never creates a log: without one, there are no lines to keep.
+        if fs::symlink_metadata(&self.path).is_err() {
+            return Ok(());
+        }
         let _lock = self.locked(libc::F_WRLCK)?;
         self.open = None;
         self.refresh()?;
@@ -135,8 +163,10 @@ impl Log {
             text.extend(serde_json::to_vec(m).expect("a manifest serializes"));
             text.push(b'\n');
         }
+        // Created afresh, so that whatever was left at this name (a link, a FIFO) is not written through.
         let tmp = self.path.with_extension("jsonl.tmp");
-        fs::write(&tmp, &text)?;
+        let _ = fs::remove_file(&tmp);
+        OpenOptions::new().write(true).create_new(true).open(&tmp)?.write_all(&text)?;
         fs::rename(&tmp, &self.path)
     }
 
@@ -144,13 +174,9 @@ impl Log {
     /// when a compaction replaced the file between the open and the lock.
     fn locked(&self, kind: libc::c_int) -> io::Result<File> {
         loop {
-            let file = OpenOptions::new()
-                .read(true)
-                .append(true)
-                .create(true)
-                .open(&self.path)?;
+            let file = super::files::open(&self.path, OpenOptions::new().read(true).append(true).create(true))?;
             super::ofd_lock(&file, kind, 0, 0, true)?;
-            if fs::metadata(&self.path).map(|m| m.ino()).ok() == Some(file.metadata()?.ino()) {
+            if fs::symlink_metadata(&self.path).map(|m| m.ino()).ok() == Some(file.metadata()?.ino()) {
                 return Ok(file);
             }
         }

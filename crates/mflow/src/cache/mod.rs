@@ -2,39 +2,87 @@
 //! manifest (every file with its size and digest) is a line of the manifest log. Entries are
 //! built in `cache/.staging/` and committed by appending the manifest and then one rename, so
 //! a reader sees a whole entry or none.
+//!
+//! Only the manifest log vouches for an entry. An entry whose manifest proves it damaged is
+//! removed; one the log does not know (no line, or no readable log) is never deleted: it is left
+//! in place unverified, kept if the stage's rerun produces the same files, else set aside in
+//! `cache/.unverified/` (`mflow cache repair` restores what the run records confirm).
 
 mod dir;
+mod files;
 pub mod key;
+mod maintain;
 mod manifests;
+pub mod workdir;
 
 pub use dir::{FileStat, OpenDir};
+pub use maintain::{gc, repair, GcReport, RepairReport};
 
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use miette::Diagnostic;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::exit::ExitCode;
+
 #[derive(Debug, Error, Diagnostic)]
 pub enum CacheError {
-    #[error("cache I/O on {}", path.display())]
-    #[diagnostic(code(mflow::cache::io), help("check permissions and free space in the workdir"))]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    /// The cause is part of the message: a stage's failure shows only the message.
+    #[error("{op} {}: {cause}", path.display())]
+    #[diagnostic(code(mflow::cache::io), help("check the permissions of the workdir and the free space on its filesystem"))]
+    Io { op: &'static str, path: PathBuf, cause: io::Error },
+    #[error("{op} {}: {cause}", path.display())]
+    #[diagnostic(code(mflow::cache::not_regular), help("mflow keeps a regular file there: move what is in its place elsewhere"))]
+    NotRegular { op: &'static str, path: PathBuf, cause: io::Error },
     #[error("stage output contains {}, which is not a regular file or directory", path.display())]
     #[diagnostic(code(mflow::cache::file_type), help("write plain files and directories under $MFLOW_OUTPUT; copy instead of linking"))]
     FileType { path: PathBuf },
+    #[error("the manifest log {} cannot be used: {cause}", path.display())]
+    #[diagnostic(
+        code(mflow::cache::log),
+        help("mflow keeps a regular file there; `mflow cache repair --workdir {}` moves what is in the way aside and rebuilds the log from the entries", workdir.display())
+    )]
+    Log { path: PathBuf, workdir: PathBuf, cause: io::Error },
+    #[error("{} is not a workdir mflow may use: {reason}", path.display())]
+    #[diagnostic(code(mflow::cache::not_workdir), help("{help}"))]
+    NotWorkdir { path: PathBuf, reason: String, help: String },
+    #[error("the cache of {} is in use by a run (or another `mflow gc` or `mflow cache repair`); nothing was changed", workdir.display())]
+    #[diagnostic(code(mflow::cache::in_use), help("run it again when the run has ended, or pass --wait to wait for it"))]
+    InUse { workdir: PathBuf },
 }
 
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CacheError + '_ {
-    move |source| CacheError::Io { path: path.to_path_buf(), source }
+impl CacheError {
+    /// Refusals are the caller's to fix (2), a busy cache is to be retried (3), the rest is
+    /// the environment (70).
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            CacheError::NotWorkdir { .. } => ExitCode::Invalid,
+            CacheError::InUse { .. } => ExitCode::Infra,
+            _ => ExitCode::Internal,
+        }
+    }
 }
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CacheError + 'a {
+    move |cause| match cause.kind() {
+        // What `files::open` and `hash_file` say of a FIFO, a directory or a link in a file's place.
+        io::ErrorKind::InvalidInput => CacheError::NotRegular { op, path: path.to_path_buf(), cause },
+        _ => CacheError::Io { op, path: path.to_path_buf(), cause },
+    }
+}
+
+/// The manifest log, relative to the cache.
+const LOG: &str = ".manifests.jsonl";
+/// The lock file, relative to the cache.
+const LOCK: &str = ".lock";
+/// The byte of the lock file that every store open for writing holds shared, and that `gc` and
+/// `cache repair` take exclusively (see `maintain`). Past every key's byte (`lock_offset`).
+const LIVE: libc::off_t = 1 << 62;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FileEntry {
@@ -63,9 +111,17 @@ impl Manifest {
 pub enum Lookup {
     Hit(Arc<Manifest>),
     Miss,
-    /// The entry exists but does not check out; it has been removed (unless the store is
-    /// read-only).
+    /// The entry exists but does not check out. One that its manifest proves damaged has been
+    /// removed (unless the store is read-only); one without a manifest is left in place.
     Corrupt(String),
+}
+
+/// Why an existing entry is not a hit.
+enum Failure {
+    /// The log does not vouch for it: kept. With what is wrong with the log itself, if anything.
+    Unverified(String, Option<String>),
+    /// Its manifest says otherwise: removed by a writing store.
+    Damaged(String),
 }
 
 /// A workdir's manifest log, read without creating anything there, so that a run can read it
@@ -74,7 +130,7 @@ pub struct LogRead(manifests::Log);
 
 impl LogRead {
     pub fn read(workdir: &Path) -> LogRead {
-        let mut log = manifests::Log::new(workdir.join("cache").join(".manifests.jsonl"));
+        let mut log = manifests::Log::new(workdir.join("cache").join(LOG));
         // An unreadable log is read again at the first lookup, which reports it.
         let _ = log.refresh();
         LogRead(log)
@@ -93,6 +149,10 @@ pub struct Store {
     dir: Option<Arc<OpenDir>>,
     /// Planning, rendering and other questions: nothing is created, moved or removed.
     read_only: bool,
+    /// The shared lock on `LIVE`, held as long as a writing store (a run) lives.
+    _live: Option<Arc<File>>,
+    /// A problem with the log is reported once, not once per entry.
+    warned: Arc<AtomicBool>,
 }
 
 /// Held while a key is being computed, so two runs never compute the same key at once: an OFD
@@ -103,30 +163,45 @@ pub struct KeyLock {
 }
 
 impl Store {
+    /// The cache of `workdir` for a run: the workdir is claimed (created, or checked to be
+    /// mflow's, and marked), and the store takes part in the run-wide lock until it is dropped.
     pub fn open(workdir: &Path) -> Result<Store, CacheError> {
+        workdir::claim(workdir)?;
         let root = workdir.join("cache");
         for d in [root.join(".staging"), root.join(".trash")] {
-            fs::create_dir_all(&d).map_err(io_err(&d))?;
+            fs::create_dir_all(&d).map_err(io_err("cannot create", &d))?;
         }
-        let lock = root.join(".lock");
-        fs::OpenOptions::new().create(true).append(true).open(&lock).map_err(io_err(&lock))?;
-        let log = manifests::Log::new(root.join(".manifests.jsonl"));
-        let dir = Arc::new(OpenDir::open(&root).map_err(io_err(&root))?);
-        Ok(Store { root, checked: Default::default(), log: Arc::new(Mutex::new(log)), dir: Some(dir), read_only: false })
+        let lock = root.join(LOCK);
+        let live = files::open(&lock, fs::OpenOptions::new().read(true).write(true).create(true)).map_err(io_err("cannot open the lock file", &lock))?;
+        hold_live(&live, workdir).map_err(io_err("cannot lock", &lock))?;
+        let log = manifests::Log::new(root.join(LOG));
+        // A run appends to the log: a FIFO, a directory or an unreadable file there is reported
+        // before any stage runs rather than at the first commit.
+        log.check_usable().map_err(|cause| CacheError::Log { path: log.path().to_path_buf(), workdir: workdir.to_path_buf(), cause })?;
+        let dir = Arc::new(OpenDir::open(&root).map_err(io_err("cannot open", &root))?);
+        Ok(Store {
+            root,
+            checked: Default::default(),
+            log: Arc::new(Mutex::new(log)),
+            dir: Some(dir),
+            read_only: false,
+            _live: Some(Arc::new(live)),
+            warned: Default::default(),
+        })
     }
 
     /// The cache of `workdir` for commands that only look (`plan`, `render`, `why`): nothing is
     /// created there, and an entry that does not check out is reported, never removed.
     pub fn open_read_only(workdir: &Path) -> Store {
         let root = workdir.join("cache");
-        let log = manifests::Log::new(root.join(".manifests.jsonl"));
+        let log = manifests::Log::new(root.join(LOG));
         let dir = OpenDir::open(&root).ok().map(Arc::new);
-        Store { root, checked: Default::default(), log: Arc::new(Mutex::new(log)), dir, read_only: true }
+        Store { root, checked: Default::default(), log: Arc::new(Mutex::new(log)), dir, read_only: true, _live: None, warned: Default::default() }
     }
 
-    fn stat(&self, rel: &Path) -> io::Result<dir::FileStat> {
+    fn lstat(&self, rel: &Path) -> io::Result<dir::FileStat> {
         match &self.dir {
-            Some(d) => d.stat(rel),
+            Some(d) => d.lstat(rel),
             None => Err(io::ErrorKind::NotFound.into()),
         }
     }
@@ -168,7 +243,7 @@ impl Store {
         }
         let checked = match self.check(key, verify, false) {
             // No entry at all is a plain miss; checked after the fact, as hits are the common case.
-            Err(_) if self.stat(Path::new(key)).is_err() => return Lookup::Miss,
+            Err(_) if self.lstat(Path::new(key)).is_err() => return Lookup::Miss,
             // Another run may have committed the key again since this one read the log: a
             // failed check is repeated with the newest manifest before the entry counts as corrupt.
             Err(_) => self.check(key, verify, true),
@@ -179,7 +254,13 @@ impl Store {
                 self.checked.lock().unwrap().insert(key.to_string(), m.clone());
                 Lookup::Hit(m)
             }
-            Err(reason) => {
+            Err(Failure::Unverified(reason, log_problem)) => {
+                if let Some(problem) = log_problem {
+                    self.warn_once(&problem);
+                }
+                Lookup::Corrupt(reason)
+            }
+            Err(Failure::Damaged(reason)) => {
                 if !self.read_only {
                     let _ = self.remove(key);
                 }
@@ -202,11 +283,37 @@ impl Store {
         }
     }
 
-    fn check(&self, key: &str, verify: bool, fresh: bool) -> Result<Arc<Manifest>, String> {
-        let m = self.log.lock().unwrap().get(key, fresh).map_err(|e| format!("cannot read the manifest log: {e}"))?;
-        let m = m.ok_or("it has no manifest")?;
-        self.check_entry(key, &m, verify)?;
+    fn check(&self, key: &str, verify: bool, fresh: bool) -> Result<Arc<Manifest>, Failure> {
+        let mut log = self.log.lock().unwrap();
+        let path = log.path().display().to_string();
+        let m = match log.get(key, fresh) {
+            Ok(m) => m,
+            Err(e) => {
+                let problem = format!("the manifest log {path} cannot be read ({e})");
+                return Err(Failure::Unverified(format!("unverified: {problem}; the entry is left in place"), Some(problem)));
+            }
+        };
+        let Some(m) = m else {
+            if !log.found() {
+                let problem = format!("the manifest log {path} is missing");
+                return Err(Failure::Unverified(format!("unverified: {problem}; the entry is left in place"), Some(problem)));
+            }
+            return Err(Failure::Unverified(format!("unverified: the manifest log {path} has no line for it; the entry is left in place"), None));
+        };
+        drop(log);
+        self.check_entry(key, &m, verify).map_err(Failure::Damaged)?;
         Ok(m)
+    }
+
+    fn warn_once(&self, problem: &str) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            let workdir = self.root.parent().unwrap_or(&self.root);
+            tracing::warn!(
+                "{problem}: the cache entries in {} are unverified and left in place (stages rerun); `mflow cache repair --workdir {}` rebuilds the log from the entries that match their run records",
+                self.root.display(),
+                workdir.display()
+            );
+        }
     }
 
     fn check_entry(&self, key: &str, m: &Manifest, verify: bool) -> Result<(), String> {
@@ -218,12 +325,19 @@ impl Store {
         }
         for f in &m.files {
             let rel = safe_join(Path::new(key), &f.path).ok_or_else(|| format!("manifest path `{}` escapes the entry", f.path))?;
-            let st = self.stat(&rel).map_err(|_| format!("`{}` is missing", f.path))?;
+            // Not followed: an entry holds only regular files, and reading a FIFO would block.
+            let st = self.lstat(&rel).map_err(|_| format!("`{}` is missing", f.path))?;
+            if !st.is_file {
+                return Err(format!("`{}` is not a regular file", f.path));
+            }
             if st.len != f.size {
                 return Err(format!("`{}` has {} bytes, the manifest says {}", f.path, st.len, f.size));
             }
-            if verify && hash_file(&self.root.join(&rel)).map_err(|e| e.to_string())? != f.blake3 {
-                return Err(format!("`{}` does not match its digest", f.path));
+            if verify {
+                let full = self.root.join(&rel);
+                if hash_file(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))? != f.blake3 {
+                    return Err(format!("`{}` does not match its digest", f.path));
+                }
             }
         }
         Ok(())
@@ -242,7 +356,7 @@ impl Store {
             }
         }
         let dir = staging.join(format!("{key}.{run_id}"));
-        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
         Ok(dir)
     }
 
@@ -258,27 +372,44 @@ impl Store {
         let files = staged.hash()?;
         let manifest = Manifest { version: 1, key: key.to_string(), stage: stage.to_string(), digest: digest_of(&files), files };
         let dest = self.output_dir(key);
-        if dest.exists() {
-            // Committed by someone else meanwhile (theirs stands), or left without a manifest
-            // by a killed commit (the lookup removes it).
+        if fs::symlink_metadata(&dest).is_ok() {
+            // Committed by someone else meanwhile (theirs stands), or damaged (the lookup
+            // removes it), or not vouched for by the log.
             if let Lookup::Hit(m) = self.lookup(key, false) {
                 let _ = fs::remove_dir_all(staging);
                 return Ok(Manifest::clone(&m));
+            }
+            if fs::symlink_metadata(&dest).is_ok() {
+                // Never deleted: kept when it holds exactly this output, else set aside.
+                if same_files(&dest, &manifest) {
+                    let mut log = self.log.lock().unwrap();
+                    let _appended = log.append(&manifest).map_err(io_err("cannot append to the manifest log", log.path()))?;
+                    drop(log);
+                    let _ = fs::remove_dir_all(staging);
+                    return Ok(manifest);
+                }
+                let aside = self.set_aside(key)?;
+                tracing::warn!("cache entry {key} was not in the manifest log and differs from the new output: moved to {}", aside.display());
             }
         }
         // No fsync per entry: it cost more than a small stage itself. A power loss can leave an
         // entry with a short or empty file or a torn manifest line; the size check on lookup
         // turns that into a miss, and `--verify` rehashes what sizes cannot catch.
         let mut log = self.log.lock().unwrap();
-        let _appending = log.append(&manifest).map_err(io_err(log.path()))?;
-        fs::rename(staging, &dest).map_err(io_err(&dest))?;
+        let _appending = log.append(&manifest).map_err(io_err("cannot append to the manifest log", log.path()))?;
+        fs::rename(staging, &dest).map_err(io_err("cannot move the staged output into place at", &dest))?;
         Ok(manifest)
+    }
+
+    /// Moves the entry of `key` to `cache/.unverified/`, where nothing deletes it.
+    fn set_aside(&self, key: &str) -> Result<PathBuf, CacheError> {
+        set_aside(&self.root, key)
     }
 
     /// Drops the manifest lines of entries that are gone.
     pub fn compact(&self) -> Result<(), CacheError> {
         let mut log = self.log.lock().unwrap();
-        log.compact(|key| self.output_dir(key).is_dir()).map_err(io_err(log.path()))
+        log.compact(|key| self.output_dir(key).is_dir()).map_err(io_err("cannot rewrite the manifest log", log.path()))
     }
 
     pub fn discard(&self, staging: &Path) {
@@ -288,49 +419,70 @@ impl Store {
     /// Moves an entry out of the way, then deletes it.
     pub fn remove(&self, key: &str) -> Result<(), CacheError> {
         self.checked.lock().unwrap().remove(key);
-        let dir = self.output_dir(key);
-        let trash = self.root.join(".trash").join(format!("{key}.{}", fastrand::u64(..)));
-        fs::rename(&dir, &trash).map_err(io_err(&dir))?;
-        fs::remove_dir_all(&trash).map_err(io_err(&trash))
+        remove_entry(&self.root, key)
     }
 
     /// Blocks until this process holds the key's lock.
     pub fn lock(&self, key: &str) -> Result<KeyLock, CacheError> {
-        self.lock_with(key, true).map(|l| l.expect("a blocking lock is taken"))
+        lock_key(&self.root, key, true).map(|l| l.expect("a blocking lock is taken"))
     }
 
     /// Takes the key's lock if it is free.
     pub fn try_lock(&self, key: &str) -> Result<Option<KeyLock>, CacheError> {
-        self.lock_with(key, false)
-    }
-
-    fn lock_with(&self, key: &str, wait: bool) -> Result<Option<KeyLock>, CacheError> {
-        let path = self.root.join(".lock");
-        let file = fs::OpenOptions::new().read(true).write(true).open(&path).map_err(io_err(&path))?;
-        match ofd_lock(&file, libc::F_WRLCK, lock_offset(key), 1, wait) {
-            Ok(true) => Ok(Some(KeyLock { _file: file })),
-            Ok(false) => Ok(None),
-            Err(source) => Err(CacheError::Io { path, source }),
-        }
-    }
-
-    /// Keys of all committed entries.
-    pub fn keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = fs::read_dir(&self.root)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().to_string())
-            .filter(|n| !n.starts_with('.'))
-            .collect();
-        keys.sort();
-        keys
+        lock_key(&self.root, key, false)
     }
 
     /// Bytes on disk of an entry.
     pub fn size(&self, key: &str) -> u64 {
         self.manifest(key).map(|m| m.bytes()).unwrap_or(0)
     }
+}
+
+/// The lock of `key` in the cache at `root`, on an open file of its own.
+fn lock_key(root: &Path, key: &str, wait: bool) -> Result<Option<KeyLock>, CacheError> {
+    let path = root.join(LOCK);
+    let file = files::open(&path, fs::OpenOptions::new().read(true).write(true)).map_err(io_err("cannot open the lock file", &path))?;
+    match ofd_lock(&file, libc::F_WRLCK, lock_offset(key), 1, wait) {
+        Ok(true) => Ok(Some(KeyLock { _file: file })),
+        Ok(false) => Ok(None),
+        Err(cause) => Err(CacheError::Io { op: "cannot lock", path, cause }),
+    }
+}
+
+/// Takes the shared run-wide lock, waiting (and saying so) while `gc` or `cache repair` holds it.
+fn hold_live(file: &File, workdir: &Path) -> io::Result<()> {
+    if ofd_lock(file, libc::F_RDLCK, LIVE, 1, false)? {
+        return Ok(());
+    }
+    tracing::warn!("waiting for `mflow gc` or `mflow cache repair` on {} to finish", workdir.display());
+    ofd_lock(file, libc::F_RDLCK, LIVE, 1, true).map(drop)
+}
+
+/// Moves an entry into `.trash` (so that it leaves its place at once), then deletes it.
+fn remove_entry(root: &Path, key: &str) -> Result<(), CacheError> {
+    let dir = root.join(key);
+    let trash_dir = root.join(".trash");
+    fs::create_dir_all(&trash_dir).map_err(io_err("cannot create", &trash_dir))?;
+    let trash = trash_dir.join(format!("{key}.{}", fastrand::u64(..)));
+    fs::rename(&dir, &trash).map_err(io_err("cannot move the entry to the trash:", &dir))?;
+    fs::remove_dir_all(&trash).map_err(io_err("cannot remove", &trash))
+}
+
+/// Moves the entry of `key` to `.unverified/<key>.<n>`: out of the way of a new entry, and out
+/// of reach of everything that deletes.
+fn set_aside(root: &Path, key: &str) -> Result<PathBuf, CacheError> {
+    let dir = root.join(key);
+    let aside_dir = root.join(".unverified");
+    fs::create_dir_all(&aside_dir).map_err(io_err("cannot create", &aside_dir))?;
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let aside = aside_dir.join(format!("{key}.{stamp}-{:04x}", fastrand::u16(..)));
+    fs::rename(&dir, &aside).map_err(io_err("cannot set aside", &dir))?;
+    Ok(aside)
+}
+
+/// Whether the directory `dir` holds exactly the files of `m`, byte for byte.
+fn same_files(dir: &Path, m: &Manifest) -> bool {
+    Staged::list(dir).and_then(|s| s.hash()).is_ok_and(|files| files == m.files)
 }
 
 /// Takes an OFD lock (`kind` is `F_RDLCK` or `F_WRLCK`) on `len` bytes of `file` from `start`
@@ -366,6 +518,12 @@ fn lock_offset(key: &str) -> libc::off_t {
     (u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes")) >> 2) as libc::off_t
 }
 
+/// Whether `name` has the shape of a key (64 lower-case hex digits): the only names `gc` and
+/// `cache repair` act on, whatever the log says.
+fn is_key(name: &str) -> bool {
+    name.len() == 64 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// Joins a manifest's relative path under `base`, refusing anything that could escape it.
 pub fn safe_join(base: &Path, rel: &str) -> Option<PathBuf> {
     let p = Path::new(rel);
@@ -390,7 +548,7 @@ impl Staged {
         let mut files = Vec::with_capacity(paths.len());
         for rel in paths {
             let full = dir.join(&rel);
-            let size = fs::metadata(&full).map_err(io_err(&full))?.len();
+            let size = fs::metadata(&full).map_err(io_err("cannot stat", &full))?.len();
             files.push((rel, size));
         }
         Ok(Staged { dir: dir.to_path_buf(), files })
@@ -405,7 +563,7 @@ impl Staged {
             .iter()
             .map(|(rel, size)| {
                 let full = self.dir.join(rel);
-                let blake3 = hash_file(&full).map_err(io_err(&full))?;
+                let blake3 = hash_file(&full).map_err(io_err("cannot hash", &full))?;
                 Ok(FileEntry { path: rel.clone(), size: *size, blake3 })
             })
             .collect()
@@ -413,9 +571,9 @@ impl Staged {
 }
 
 fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), CacheError> {
-    for e in fs::read_dir(dir).map_err(io_err(dir))? {
-        let e = e.map_err(io_err(dir))?;
-        let ft = e.file_type().map_err(io_err(&e.path()))?;
+    for e in fs::read_dir(dir).map_err(io_err("cannot list", dir))? {
+        let e = e.map_err(io_err("cannot list", dir))?;
+        let ft = e.file_type().map_err(io_err("cannot stat", &e.path()))?;
         let path = e.path();
         if ft.is_dir() {
             walk(base, &path, out)?;
@@ -439,9 +597,15 @@ const HASH_WINDOW: usize = 16 << 20;
 /// gigabytes (a whole mapping of one 1 GB file was 1 GB of RSS; a window keeps it at 16 MiB, at
 /// the same speed).
 pub fn hash_file(path: &Path) -> io::Result<String> {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut h = blake3::Hasher::new();
-    let file = fs::File::open(path)?;
-    if file.metadata()?.len() < MAP_FROM {
+    // O_NONBLOCK: a FIFO in a file's place is refused below instead of blocking the open.
+    let file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(files::not_regular(meta.file_type()));
+    }
+    if meta.len() < MAP_FROM {
         h.update_reader(&file)?;
         return Ok(h.finalize().to_hex().to_string());
     }
@@ -547,15 +711,76 @@ mod tests {
     }
 
     #[test]
-    fn entries_committed_by_another_store_are_seen_and_a_directory_without_manifest_is_corrupt() {
+    fn entries_committed_by_another_store_are_seen_and_a_directory_without_manifest_is_kept() {
         let tmp = tempfile::tempdir().unwrap();
         let (a, b) = (Store::open(tmp.path()).unwrap(), Store::open(tmp.path()).unwrap());
         assert!(matches!(a.lookup("k", false), Lookup::Miss));
         commit_file(&b, "k", "x");
         assert!(matches!(a.lookup("k", false), Lookup::Hit(_)));
         fs::create_dir_all(a.output_dir("stray")).unwrap();
-        assert!(matches!(a.lookup("stray", false), Lookup::Corrupt(_)));
-        assert!(!a.output_dir("stray").exists());
+        assert!(matches!(a.lookup("stray", false), Lookup::Corrupt(why) if why.contains("no line")));
+        assert!(a.output_dir("stray").exists(), "an entry the log does not know was deleted");
+    }
+
+    #[test]
+    fn an_unknown_entry_is_kept_when_the_rerun_matches_it_and_set_aside_when_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        commit_file(&store, "same", "one");
+        commit_file(&store, "other", "two");
+        let log = tmp.path().join("cache").join(LOG);
+        fs::remove_file(&log).unwrap();
+        let fresh = Store::open(tmp.path()).unwrap();
+        for key in ["same", "other"] {
+            assert!(matches!(fresh.lookup(key, false), Lookup::Corrupt(why) if why.contains("is missing")));
+            assert!(fresh.output_dir(key).is_dir());
+        }
+        let kept = fs::metadata(fresh.output_dir("same")).unwrap();
+        commit_file(&fresh, "same", "one");
+        commit_file(&fresh, "other", "changed");
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(fs::metadata(fresh.output_dir("same")).unwrap().ino(), kept.ino(), "an identical entry was replaced");
+        assert_eq!(fs::read_to_string(fresh.output_dir("other").join("f")).unwrap(), "changed");
+        let aside: Vec<_> = fs::read_dir(tmp.path().join("cache/.unverified")).unwrap().flatten().map(|e| e.path()).collect();
+        assert_eq!(aside.len(), 1);
+        assert_eq!(fs::read_to_string(aside[0].join("f")).unwrap(), "two");
+        let again = Store::open(tmp.path()).unwrap();
+        assert!(matches!(again.lookup("same", true), Lookup::Hit(_)));
+        assert!(matches!(again.lookup("other", true), Lookup::Hit(_)));
+    }
+
+    #[test]
+    fn a_log_that_is_not_a_regular_file_is_refused_by_a_run_and_keeps_every_entry_for_a_look() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        commit_file(&store, "k", "one");
+        let log = tmp.path().join("cache").join(LOG);
+        fs::remove_file(&log).unwrap();
+        fs::create_dir(&log).unwrap();
+        let e = Store::open(tmp.path()).err().expect("a run refuses a directory in the log's place");
+        assert!(e.to_string().contains(".manifests.jsonl") && e.to_string().contains("a directory"), "{e}");
+        let look = Store::open_read_only(tmp.path());
+        assert!(matches!(look.lookup("k", true), Lookup::Corrupt(why) if why.contains("a directory")));
+        assert!(look.output_dir("k").join("f").is_file());
+    }
+
+    #[test]
+    fn an_io_error_names_the_path_and_its_cause() {
+        let e = io_err("cannot append to the manifest log", Path::new("w/cache/.manifests.jsonl"))(io::Error::from_raw_os_error(libc::ENOSPC));
+        let text = e.to_string();
+        assert!(text.contains("w/cache/.manifests.jsonl") && text.contains("No space left on device"), "{text}");
+    }
+
+    #[test]
+    fn a_live_store_holds_off_the_exclusive_lock() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let lock = files::open(&tmp.path().join("cache").join(LOCK), fs::OpenOptions::new().read(true).write(true)).unwrap();
+        assert!(!ofd_lock(&lock, libc::F_WRLCK, LIVE, 1, false).unwrap());
+        assert!(ofd_lock(&lock, libc::F_RDLCK, LIVE, 1, false).unwrap(), "two runs share it");
+        let _ = ofd_lock(&lock, libc::F_UNLCK, LIVE, 1, false);
+        drop(store);
+        assert!(ofd_lock(&lock, libc::F_WRLCK, LIVE, 1, false).unwrap());
     }
 
     #[test]

@@ -166,6 +166,18 @@ pub enum SpecError {
         src: Src,
     },
 
+    #[error("`workdir` = \"{value}\" cannot be used: {reason}")]
+    #[diagnostic(code(mflow::spec::workdir), help("{help}"))]
+    Workdir {
+        #[source_code]
+        src: Src,
+        #[label("mflow writes its cache and run records here")]
+        span: Option<SourceSpan>,
+        value: String,
+        reason: String,
+        help: String,
+    },
+
     #[error("invalid override `{arg}`: {reason}")]
     #[diagnostic(code(mflow::spec::set), help("write `--set vars.NAME=VALUE` or `--set stages.STAGE.KEY=VALUE`"))]
     Override { arg: String, reason: String },

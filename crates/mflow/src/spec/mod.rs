@@ -6,6 +6,7 @@ pub mod error;
 mod interp;
 pub mod schema;
 pub mod tree;
+mod workdir;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -112,7 +113,9 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<Spec, SpecErrors> {
     let dir = spec_dir(path);
     let key = checked::key(path, &dir, &text, overrides);
     if let Some(key) = &key {
-        if let Some(spec) = checked::read(&dir, path, key) {
+        // The workdir is checked again: what is there may have changed since. When it no longer
+        // passes, the parse below reports it at its place in the file.
+        if let Some(spec) = checked::read(&dir, path, key).filter(|s| workdir::check(&s.dir, &s.pipeline.workdir).is_ok()) {
             tracing::debug!(spec = %path.display(), "spec unchanged since it was last checked");
             return Ok(Spec { source: Arc::from(text), ..spec });
         }
@@ -212,6 +215,7 @@ fn parse_in(path: &Path, dir: PathBuf, text: &str, overrides: &[String]) -> Resu
         jobs: p.get("jobs").and_then(Json::as_u64).map(|n| n.max(1) as usize),
         kubernetes: p.get("kubernetes").and_then(Json::as_object).cloned().unwrap_or_default(),
     };
+    check_workdir(&src, &dir, &pipeline_node, &pipeline.workdir, &mut errors);
     if let Some(name_node) = pipeline_node.get("name") {
         if let Val::Str(n) = &name_node.value {
             if !valid_name(n) {
@@ -404,6 +408,25 @@ fn parse_in(path: &Path, dir: PathBuf, text: &str, overrides: &[String]) -> Resu
     }
     let vars = var_nodes.iter().map(|(k, n)| (k.clone(), n.value.to_json())).collect();
     Ok(Spec { path: path.to_path_buf(), dir, source, pipeline, vars, python, schedule, notify, stages })
+}
+
+/// Reports a workdir that mflow may not use, at the `workdir` key (or the `[pipeline]` table
+/// when the default is refused).
+fn check_workdir(src: &Src, dir: &Path, pipeline: &Node, workdir: &Path, errors: &mut Vec<SpecError>) {
+    if let Err(r) = workdir::check(dir, workdir) {
+        let node = pipeline.get("workdir");
+        let value = match node.map(|n| &n.value) {
+            Some(Val::Str(s)) => s.clone(),
+            _ => DEFAULT_WORKDIR.to_string(),
+        };
+        // A `--set pipeline.workdir=...` has no place in the file; the message names it.
+        let (span, reason) = match node.map(|n| &n.origin) {
+            Some(Origin::Override(arg)) => (None, format!("{} (from `--set {arg}`)", r.reason)),
+            Some(_) => (node.and_then(Node::span), r.reason),
+            None => (pipeline.span(), r.reason),
+        };
+        errors.push(SpecError::Workdir { src: src.clone(), span: to_span(span), value, reason, help: r.help });
+    }
 }
 
 // Called once per `--set`; the error is the spec's own diagnostic type, large for its spans.
