@@ -450,3 +450,17 @@ fn a_workdir_of_an_older_mflow_is_adopted() {
     assert_ok(&mflow(&p, &["gc"]));
     assert!(marker.is_file());
 }
+
+#[test]
+fn fifos_in_place_of_mflows_state_files_hang_nothing() {
+    let (p, keys) = committed();
+    let state = p.file(".mflow/state");
+    for name in ["inputs.json", "keys.index", "keys.json", "lock.last"] {
+        let f = state.join(name);
+        let _ = std::fs::remove_file(&f);
+        mkfifo(&f);
+    }
+    assert_ok(&mflow(&p, &["plan", "spec.toml"]));
+    assert_ok(&mflow(&p, &["run", "spec.toml"]));
+    assert_entries_remain(&p, &keys, "after runs with FIFOs for state files");
+}

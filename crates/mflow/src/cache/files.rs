@@ -28,6 +28,24 @@ pub(super) fn open(path: &Path, opts: &mut OpenOptions) -> io::Result<File> {
     Ok(file)
 }
 
+/// Reads the whole of `path` when it is a regular file of at most `max` bytes. For the state
+/// mflow keeps for itself (stat caches, keys, run records): a FIFO there must not hang a run,
+/// and a file grown huge must not be read into memory.
+pub(crate) fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = open(path, OpenOptions::new().read(true))?;
+    let len = file.metadata()?.len();
+    if len > max {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("it is {len} bytes, more than the {max} mflow reads")));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("it grew past the {max} bytes mflow reads")));
+    }
+    Ok(bytes)
+}
+
 /// The error for a file of another type where mflow keeps a regular file.
 pub(super) fn not_regular(ft: FileType) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, format!("it is {}, not a regular file", kind(ft)))

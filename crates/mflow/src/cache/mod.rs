@@ -16,6 +16,10 @@ mod manifests;
 pub mod workdir;
 
 pub use dir::{FileStat, OpenDir};
+pub(crate) use files::read_regular;
+
+/// Largest state file mflow reads back (stat caches, keys, run records, lockfiles).
+pub(crate) const MAX_STATE_BYTES: u64 = 1 << 30;
 pub use maintain::{gc, repair, GcReport, RepairReport};
 
 use std::fs::{self, File};

@@ -60,7 +60,7 @@ pub struct KnownInputs {
 impl KnownInputs {
     pub fn read(workdir: &Path) -> KnownInputs {
         let path = workdir.join("state").join("inputs.json");
-        let stats = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+        let stats = crate::cache::read_regular(&path, crate::cache::MAX_STATE_BYTES).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
         KnownInputs { path, stats }
     }
 }

@@ -52,7 +52,7 @@ struct Last {
 
 impl Last {
     fn read(file: &Path) -> Option<Last> {
-        let text = std::fs::read_to_string(file).ok()?;
+        let text = String::from_utf8(crate::cache::read_regular(file, 4096).ok()?).ok()?;
         let mut parts = text.trim_end_matches('\n').split(' ');
         let (identity, stamp, run) = (parts.next()?, parts.next()?, parts.next()?);
         // A run id, so that the file linked is a lockfile of this workdir.

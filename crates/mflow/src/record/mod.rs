@@ -183,12 +183,12 @@ pub fn load(workdir: &Path, id: &str) -> Option<RunRecord> {
     if !crate::spec::valid_name(&format!("r{id}")) {
         return None;
     }
-    let bytes = std::fs::read(runs_dir(workdir).join(id).join("run.json")).ok()?;
+    let bytes = crate::cache::read_regular(&runs_dir(workdir).join(id).join("run.json"), crate::cache::MAX_STATE_BYTES).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
 pub fn load_lock(workdir: &Path, id: &str) -> Option<Lockfile> {
-    let bytes = std::fs::read(runs_dir(workdir).join(id).join("mflow.lock")).ok()?;
+    let bytes = crate::cache::read_regular(&runs_dir(workdir).join(id).join("mflow.lock"), crate::cache::MAX_STATE_BYTES).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
@@ -228,7 +228,7 @@ impl LastKeys {
     /// Merges this run's keys (stage -> key and parts) into the saved ones, unless every stage
     /// kept its key: a no-op rerun writes nothing here.
     pub fn save(self, keys: &BTreeMap<String, (String, KeyParts)>) {
-        let index = std::fs::read_to_string(self.dir.join("keys.index")).unwrap_or_default();
+        let index = crate::cache::read_regular(&self.dir.join("keys.index"), crate::cache::MAX_STATE_BYTES).ok().and_then(|b| String::from_utf8(b).ok()).unwrap_or_default();
         let saved: std::collections::HashMap<&str, &str> = index.lines().filter_map(|l| l.split_once(' ')).collect();
         if keys.iter().all(|(name, (key, _))| saved.get(name.as_str()) == Some(&key.as_str())) {
             return;
@@ -248,7 +248,7 @@ impl LastKeys {
 }
 
 fn load_keys(dir: &Path) -> BTreeMap<String, KeyParts> {
-    std::fs::read(dir.join("keys.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    crate::cache::read_regular(&dir.join("keys.json"), crate::cache::MAX_STATE_BYTES).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
 }
 
 /// The commit of the git repository holding `dir`, if any (read from .git without running git).
