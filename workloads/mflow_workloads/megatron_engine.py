@@ -2,9 +2,14 @@
 
 GPTModel is built from `mflow-checkpoint.json`, each rank loads its shard with
 load_state_dict(strict=True), and training runs through Megatron's DDP, optimizer (AdamW with
-bf16 params and fp32 main weights, clipping) and get_forward_backward_func (TP, PP, DP). Data
-comes from GPTDataset over the dataset prefixes. Checkpoints are torch_dist
-(dist_checkpointing) under scratch/checkpoints with the same tracker as the reference engine.
+bf16 params and fp32 main weights, clipping) and get_forward_backward_func (TP, PP, DP). Ranks are
+Megatron's parallel_state layout (rank = pp_rank*dp*tp + dp_rank*tp + tp_rank, as the reference
+engine's); stage s holds the layers `mflow convert --pp` put in its shard, and with tied
+embeddings the last stage holds a copy of the embedding as its output layer, whose gradient
+Megatron's finalize_model_grads sums over the embedding group. Data comes from GPTDataset over
+the dataset prefixes; dp rank d reads the contiguous slice d of every global batch
+(data.first_sample). Checkpoints are torch_dist (dist_checkpointing) under scratch/checkpoints
+with the same tracker as the reference engine.
 
 dist_checkpointing.save spawns helper processes, so the entry module must keep its
 `if __name__ == "__main__"` guard (mflow_workloads.train has one).
@@ -25,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from . import data as D
 from . import runtime
 from . import shards as S
 from .config import TrainConfig
@@ -32,11 +38,39 @@ from .errors import ConfigError, ShardsError
 from .events import Metrics, Progress, Status
 from .flops import flops_per_batch
 from .reference import checkpoint as C
+from .reference import parallel as RP
 from .schedule import lr_at
 
 # Speed knobs, each measured in docs/benchmarks.md (## Training); comma-separated, "none" for none.
 DEFAULT_KNOBS = "ce_fusion,swiglu_fusion,fused_adam,compile_rope,cudnn_attn"
 KNOBS = {k for k in os.environ.get("MFLOW_MEGATRON_KNOBS", DEFAULT_KNOBS).split(",") if k and k != "none"}
+
+
+def layers_per_stage(num_layers: int, pp: int) -> list[int]:
+    """The layers Megatron-Core builds per stage when no custom layout is set (num_layers/pp each,
+    contiguous): what `mflow convert --pp` writes, so a stage's shard loads as that stage's model."""
+    if pp < 1 or num_layers % pp:
+        raise ConfigError(f"num_layers {num_layers} is not divisible by pp={pp}",
+                          "use a pp that divides num_layers (Megatron builds equal stages)")
+    return [num_layers // pp] * pp
+
+
+def check_stage_split(manifest: dict, tp: int, pp: int, where: str = "shards") -> None:
+    """Refuses shards whose tp/pp or layer split differ from what this run's Megatron builds."""
+    spec = S.spec_of(manifest)
+    if manifest["tp"] != tp or manifest["pp"] != pp:
+        raise ConfigError(f"{where}: shards have tp={manifest['tp']} pp={manifest['pp']}, the config asks tp={tp} pp={pp}",
+                          "convert (or reshard) the checkpoint for the training layout")
+    want = layers_per_stage(spec.num_layers, pp)
+    if list(manifest["layers_per_stage"]) != want:
+        raise ConfigError(f"{where}: shards have layers_per_stage {manifest['layers_per_stage']}, Megatron builds {want}",
+                          "convert the checkpoint with mflow convert --pp (equal stages)")
+
+
+def stage_needs(pp_rank: int, pp: int) -> tuple[bool, bool]:
+    """(reads tokens, reads labels): the first stage embeds tokens, the last computes the loss;
+    a middle stage reads no data, as in Megatron's pretrain_gpt."""
+    return pp_rank == 0, pp_rank == pp - 1
 
 
 def sdpa_core_attention(knobs: set = frozenset()):
@@ -132,7 +166,8 @@ def transformer_config(spec: S.ModelSpec, tp: int, pp: int, precision: str, knob
         cross_entropy_fusion_impl="native", use_cpu_initialization=False, perform_initialization=False)
 
 
-def build_model(spec: S.ModelSpec, config, tp: int, seq_length: int, attention: str, knobs: set = frozenset()):
+def build_model(spec: S.ModelSpec, config, tp: int, seq_length: int, attention: str, knobs: set = frozenset(),
+                device="cuda"):
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -157,12 +192,52 @@ def build_model(spec: S.ModelSpec, config, tp: int, seq_length: int, attention: 
         position_embedding_type=spec.position_embedding_type, rotary_base=int(spec.rotary_base)
         if float(spec.rotary_base).is_integer() else spec.rotary_base,
         rotary_percent=spec.rotary_percent, rope_scaling=spec.rope_scaling,
-        rope_scaling_factor=spec.rope_scaling_factor).cuda()
+        rope_scaling_factor=spec.rope_scaling_factor).to(device)
     if config.bf16:
         # The norms' parameters are created in fp32 (a LayerNorm would then refuse bf16 input);
         # cast everything, as Megatron's Float16Module does. The optimizer keeps fp32 copies.
         model = model.to(torch.bfloat16)
     return model
+
+
+def check_megatron_layout(rank: int, tp: int, dp: int, pp: int) -> None:
+    """Megatron's parallel_state must give this rank the coordinates and groups the reference
+    engine computes (shards, checkpoints and data slices are named by them)."""
+    from megatron.core import parallel_state as ps
+
+    got = (ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank(), ps.get_pipeline_model_parallel_rank())
+    want = RP.coordinates(rank, tp, dp, pp)
+    groups = RP.group_ranks(tp, dp, pp)
+    mine = {k: next(g for g in groups[k] if rank in g) for k in ("tp", "dp", "pp")}
+    have = {"tp": dist.get_process_group_ranks(ps.get_tensor_model_parallel_group()),
+            "dp": dist.get_process_group_ranks(ps.get_data_parallel_group()),
+            "pp": dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())}
+    if got != want or have != mine:
+        raise ConfigError(f"rank {rank}: Megatron's parallel_state gives (tp, dp, pp) ranks {got} and groups {have}, "
+                          f"mflow expects {want} and {mine}", "use megatron-core's default rank order tp-cp-ep-dp-pp")
+
+
+def check_model_stage(model, manifest: dict, pp_rank: int) -> None:
+    """The layers Megatron built for this stage are the ones its shard holds (global numbers)."""
+    built = [layer.layer_number - 1 for layer in model.decoder.layers]
+    want = list(S.stage_layers(manifest, pp_rank))
+    if built != want:
+        raise ShardsError(f"stage {pp_rank}: Megatron built layers {built}, the shard holds {want}",
+                          "convert the checkpoint with mflow convert --pp (equal stages)")
+
+
+def sync_tied_embedding(model, spec: S.ModelSpec, pp: int) -> None:
+    """Makes the last stage's copy of a tied embedding the first stage's, as Megatron does at
+    build time (zero, then sum over the embedding group); the shards hold equal copies already."""
+    from megatron.core import parallel_state as ps
+
+    if pp == 1 or not spec.share_embeddings_and_output_weights or not ps.is_rank_in_embedding_group():
+        return
+    w = model.shared_embedding_or_output_weight()
+    with torch.no_grad():
+        if not ps.is_pipeline_first_stage():
+            w.zero_()
+        dist.all_reduce(w.data, group=ps.get_embedding_group())
 
 
 def load_shard(model, shards_dir: str, manifest: dict, tp_rank: int, pp_rank: int) -> None:
@@ -198,26 +273,35 @@ def build_datasets(cfg: TrainConfig, meta: dict, dp: int):
     return train_ds, valid_ds
 
 
-def batches(ds, first_sample: int, per_dp: int, dp_rank: int, gbs: int, mbs: int, start_iter: int):
-    """Micro-batches of one data-parallel rank, starting at global iteration `start_iter`."""
+def batches(ds, dp: int, dp_rank: int, gbs: int, mbs: int, start_iter: int, pp_rank: int = 0, pp: int = 1,
+            device="cuda"):
+    """Micro-batches of one data-parallel rank from global iteration `start_iter` on: the samples
+    of data.first_sample, which the reference engine reads too. Each stage gets only what it uses
+    (stage_needs); a middle stage's micro-batches are empty, but still one per schedule step."""
+    tokens, labels = stage_needs(pp_rank, pp)
+    keys = (("tokens", "position_ids") if tokens else ()) + (("labels", "loss_mask") if labels else ())
     it = start_iter
     while True:
-        base = it * gbs + dp_rank * per_dp
-        for m in range(per_dp // mbs):
-            items = [ds[first_sample + base + m * mbs + i] for i in range(mbs)]
-            yield {k: torch.stack([x[k] for x in items]).cuda(non_blocking=True)
-                   for k in ("tokens", "labels", "loss_mask", "position_ids")}
+        for m in range(gbs // (mbs * dp)):
+            first = D.first_sample(it, m, gbs, mbs, dp, dp_rank)
+            items = [ds[first + i] for i in range(mbs)] if keys else []
+            yield {k: torch.stack([x[k] for x in items]).to(device, non_blocking=True) for k in keys}
         it += 1
 
 
 def forward_step(data_iterator, model):
     b = next(data_iterator)
-    out = model(b["tokens"], b["position_ids"], None, labels=b["labels"])
+    # Stages after the first take their input from the previous stage (the schedule sets it).
+    out = model(b.get("tokens"), b.get("position_ids"), None, labels=b.get("labels"))
+    if "loss_mask" not in b:  # not the last stage: `out` is the hidden state sent on
+        return out, None
     mask = b["loss_mask"].float()
 
     def loss_func(output_tensor):
         loss = (output_tensor.float() * mask).sum() / mask.sum().clamp(min=1)
-        return loss, {"lm loss": loss.detach()}
+        # A copy: the schedule divides the returned loss by num_microbatches in place, which a
+        # detach() (same storage) would report too.
+        return loss, {"lm loss": loss.detach().clone()}
 
     return out, loss_func
 
@@ -363,8 +447,6 @@ def train(cfg: TrainConfig) -> dict:
     from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from . import data as D
-
     if not torch.cuda.is_available():
         raise ConfigError("engine 'megatron' needs CUDA, and no GPU is visible", "use engine 'reference' on CPU")
     runtime.init_distributed(True)
@@ -377,12 +459,8 @@ def train(cfg: TrainConfig) -> dict:
     progress = Progress("train", cfg.iterations, "it", is_main)
     manifest = S.read_manifest(cfg.shards)
     spec = S.spec_of(manifest)
-    if manifest["tp"] != cfg.tp or manifest["pp"] != cfg.pp:
-        raise ConfigError(f"shards {cfg.shards} have tp={manifest['tp']} pp={manifest['pp']}, the config asks "
-                          f"tp={cfg.tp} pp={cfg.pp}", "convert (or reshard) the checkpoint for the training layout")
-    if len(set(manifest["layers_per_stage"])) != 1:
-        raise ConfigError(f"shards {cfg.shards}: uneven layers_per_stage {manifest['layers_per_stage']}",
-                          "use a pp that divides num_layers")
+    check_stage_split(manifest, cfg.tp, cfg.pp, cfg.shards)
+    check_megatron_layout(rank, cfg.tp, cfg.dp, cfg.pp)
     meta = D.read_dataset_json(cfg.data)
     # Sequence parallelism splits the sequence over the TP ranks.
     knobs = KNOBS if cfg.seq_length % cfg.tp == 0 else KNOBS - {"seq_parallel"}
@@ -391,7 +469,9 @@ def train(cfg: TrainConfig) -> dict:
 
     config = transformer_config(spec, cfg.tp, cfg.pp, cfg.precision, knobs)
     model = build_model(spec, config, cfg.tp, cfg.seq_length, cfg.attention, knobs)
+    check_model_stage(model, manifest, pp_rank)
     load_shard(model, cfg.shards, manifest, tp_rank, pp_rank)
+    sync_tied_embedding(model, spec, cfg.pp)
     ddp = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(
         grad_reduce_in_fp32="bf16_grads" not in knobs, overlap_grad_reduce=False, use_distributed_optimizer=False),
         module=model)
@@ -425,11 +505,12 @@ def train(cfg: TrainConfig) -> dict:
 
     stop = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", True))
-    per_dp = cfg.global_batch_size // cfg.dp
-    data_iter = batches(train_ds, 0, per_dp, dp_rank, cfg.global_batch_size, cfg.micro_batch_size, start)
+    data_iter = batches(train_ds, cfg.dp, dp_rank, cfg.global_batch_size, cfg.micro_batch_size, start, pp_rank, cfg.pp)
     fb = get_forward_backward_func()
     flops = flops_per_batch(spec, cfg.global_batch_size, cfg.seq_length, spec.padded_vocab_for(cfg.tp))
     last_stage = ps.is_pipeline_last_stage()
+    # The loss exists on the last stage only, identical over its tp ranks: the world sum of the
+    # last stage's values over tp*dp is the mean over the dp replicas, on every rank (rank 0 logs).
     n_loss_ranks = cfg.tp * cfg.dp
     first_val = last_val = None
     loss_value = float("nan")
@@ -445,7 +526,7 @@ def train(cfg: TrainConfig) -> dict:
 
     def run_eval() -> float:
         ddp.eval()
-        it = batches(valid_ds, 0, per_dp, dp_rank, cfg.global_batch_size, cfg.micro_batch_size, 0)
+        it = batches(valid_ds, cfg.dp, dp_rank, cfg.global_batch_size, cfg.micro_batch_size, 0, pp_rank, cfg.pp)
         vals = []
         with torch.no_grad():
             for _ in range(cfg.eval_iters):
@@ -471,11 +552,17 @@ def train(cfg: TrainConfig) -> dict:
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         done = it + 1
-        if is_main and (done % cfg.log_interval == 0 or done == cfg.iterations):
-            metrics.write(iteration=done, loss=loss_value, lr=lr, grad_norm=float(grad_norm or 0.0),
-                          tokens_per_s=cfg.global_batch_size * cfg.seq_length / dt,
-                          tflops_per_gpu=flops / (dt * 1e12 * dist.get_world_size()),
-                          mem_gib=torch.cuda.max_memory_allocated() / 2**30, time_s=dt)
+        if done % cfg.log_interval == 0 or done == cfg.iterations:
+            # Peak memory of the fullest rank (stages differ: the last holds the logits).
+            mem = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device="cuda")
+            if cfg.pp * cfg.dp * cfg.tp > 1:
+                dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+            # The whole job's tokens per second; FLOP/s per GPU over all tp*pp*dp GPUs.
+            if is_main:
+                metrics.write(iteration=done, loss=loss_value, lr=lr, grad_norm=float(grad_norm or 0.0),
+                              tokens_per_s=cfg.global_batch_size * cfg.seq_length / dt,
+                              tflops_per_gpu=flops / (dt * 1e12 * dist.get_world_size()),
+                              mem_gib=float(mem), time_s=dt)
         progress.update(done, f"loss {loss_value:.4f} lr {lr:.3g}", force=done == cfg.iterations)
         if done % cfg.eval_interval == 0 or done == cfg.iterations:
             val = run_eval()
