@@ -86,3 +86,53 @@ fn main_spec_learns_exports_verified_and_reruns_nothing() {
     assert!(err.contains("gate evaluate.val_ppl < 1.01") && err.contains("FAIL"), "{err}");
     assert_eq!(latest(work.path())["stages"]["evaluate"]["status"], "failed");
 }
+
+/// The main job with pipeline parallelism: `--set stages.train.pp=2` alone trains at TP=2 PP=2
+/// on 4 gloo ranks, through a reshard that planning inserts after the TP=2 convert; evaluate
+/// reads the PP output through its own reshard (TP=1), export reads it as it is.
+#[test]
+fn main_spec_at_tp2_pp2_learns_evaluates_and_exports() {
+    let work = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    let o = mflow(
+        work.path(),
+        &[
+            "--set", "stages.train.pp=2",
+            // Fewer iterations than the TP=2 job (4 ranks share the cores), gates to match.
+            "--set", "vars.iterations=140",
+            "--set", "stages.train.eval_interval=35",
+            "--set", "stages.train.save_interval=70",
+            "--set", r#"stages.evaluate.gates.val_loss_delta_vs_baseline="< -2.5""#,
+            "--set", r#"stages.evaluate.gates.val_ppl="< 60""#,
+        ],
+    );
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let r = latest(work.path());
+    let st = statuses(&r);
+    assert!(st.iter().all(|(_, s)| s == "succeeded"), "{st:?}");
+    for inserted in ["train-reshard", "evaluate-reshard"] {
+        assert!(st.iter().any(|(n, _)| n == inserted), "no `{inserted}` in {st:?}");
+    }
+
+    // Every rank took part: the summary says TP=2 PP=2, and validation loss fell while training.
+    let train_out = PathBuf::from(r["stages"]["train"]["output"].as_str().unwrap());
+    let summary: Value = serde_json::from_slice(&std::fs::read(train_out.join("train_summary.json")).unwrap()).unwrap();
+    assert_eq!((summary["tp"].as_u64(), summary["pp"].as_u64(), summary["dp"].as_u64()), (Some(2), Some(2), Some(1)), "{summary}");
+    assert_eq!(summary["iterations"], 140, "{summary}");
+    let (first, last) = (summary["first_val_loss"].as_f64().unwrap(), summary["last_val_loss"].as_f64().unwrap());
+    assert!(last < first - 0.3, "validation loss {first} -> {last}");
+
+    // The evaluation (of the resharded PP output) beats the random-init model and passes its gates.
+    let m = &r["stages"]["evaluate"]["metrics"];
+    let (val_loss, baseline) = (m["val_loss"].as_f64().unwrap(), m["baseline_val_loss"].as_f64().unwrap());
+    assert!(baseline > 6.0 && val_loss < 4.2 && val_loss.is_finite(), "validation loss {val_loss}, baseline {baseline}");
+    assert!((val_loss - last).abs() < 0.5, "evaluate ({val_loss}) and training ({last}) disagree on the same model");
+    assert!(r["stages"]["evaluate"]["gates"].as_array().unwrap().iter().all(|g| g["passed"] == true));
+
+    // The PP shards export to one HF model that transformers agrees with.
+    let v = &r["stages"]["export"]["verification"];
+    assert_eq!(v["passed"], true, "{v}");
+    assert!(v["max_abs_diff"].as_f64().unwrap() <= 1e-4, "{v}");
+    assert_eq!(v["greedy_match"], true);
+    eprintln!("tp=2 pp=2 pipeline: {:?}", t.elapsed());
+}

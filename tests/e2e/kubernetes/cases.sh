@@ -17,6 +17,7 @@ KWOK_CASES=(
   restricted_user
   service_account_bound_by_shipped_rbac
   no_trainer_controller
+  train_on_two_nodes
 )
 KUBELET_CASES=(
   real_outputs_flow_downstream
@@ -534,4 +535,57 @@ EOF
   eq "$(trainjobs cronjob_pod_sigterm_detaches)" 1 "the TrainJob was left running"
   eq "$(kc get trainjobs -l mflow.dev/pipeline=e2e-cronjob-pod-sigterm-detaches -o jsonpath='{.items[*].metadata.deletionTimestamp}')" ""
   kc delete trainjobs -l mflow.dev/pipeline=e2e-cronjob-pod-sigterm-detaches --wait=false
+}
+
+# A train stage on 2 nodes is one TrainJob of numNodes 2: its tp x pp x dp = 4 ranks split 2
+# per node, each node asks for a core per rank, and torchrun takes the rendezvous from the
+# PET_* variables that Trainer gives each node's pod.
+case_train_on_two_nodes() {
+  local spec
+  # The image has its own Python: the local one only enters the key, and naming it spares
+  # provisioning the workloads' environment here.
+  spec=$(write_spec train_on_two_nodes "train_image = \"$IMAGE\"" <<'EOF'
+[env]
+python = "python3"
+
+[stages.shards]
+kind = "command"
+run = ["sh", "-c", "true"]
+
+[stages.data]
+kind = "command"
+run = ["sh", "-c", "true"]
+
+[stages.train]
+kind = "train"
+model = "${stages.shards.output}"
+data = "${stages.data.output}"
+engine = "reference"
+tp = 2
+pp = 2
+nodes = 2
+micro_batch_size = 4
+global_batch_size = 8
+EOF
+)
+  mf render "$spec" >"$STATE_DIR/rendered.yaml"
+  local rendered
+  rendered=$(awk '/mflow.dev\/stage-name: train/,0' "$STATE_DIR/rendered.yaml")
+  contains "$rendered" "numNodes: 2"
+  contains "$rendered" "numProcPerNode: 2"
+  # torchrun gets no topology of its own on the cluster: it is Trainer's.
+  not_contains "$rendered" "--nproc-per-node"
+  expect 0 mf run "$spec"
+  local sel="mflow.dev/pipeline=$(pipeline_of train_on_two_nodes),mflow.dev/stage=train"
+  eq "$(kc get trainjobs -l "$sel" -o jsonpath='{.items[0].spec.trainer.numNodes}')" 2 "numNodes"
+  eq "$(kc get trainjobs -l "$sel" -o jsonpath='{.items[0].spec.trainer.numProcPerNode}')" 2 "numProcPerNode"
+  eq "$(kc get trainjobs -l "$sel" -o jsonpath='{.items[0].spec.trainer.resourcesPerNode.requests.cpu}')" 2 "CPU request per node"
+  eq "$(record train_on_two_nodes | jq -r .stages.train.status)" succeeded
+  # One pod per node, each told the whole topology by Trainer.
+  eq "$(kc get pods -l "$sel" -o name | wc -l)" 2 "train pods"
+  local pod
+  for pod in $(kc get pods -l "$sel" -o name); do
+    eq "$(kc get "$pod" -o jsonpath='{.spec.containers[0].env[?(@.name=="PET_NNODES")].value}')" 2 "PET_NNODES of $pod"
+    eq "$(kc get "$pod" -o jsonpath='{.spec.containers[0].env[?(@.name=="PET_NPROC_PER_NODE")].value}')" 2 "PET_NPROC_PER_NODE of $pod"
+  done
 }

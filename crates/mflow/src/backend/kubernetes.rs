@@ -399,7 +399,10 @@ impl Layout {
             [one] => one.clone(),
             many => vec!["sh".into(), "-c".into(), many.iter().map(|argv| shell_line(argv)).collect::<Vec<_>>().join(" && ")],
         };
-        let nproc: u32 = job.env.get("PET_NPROC_PER_NODE").and_then(|n| n.parse().ok()).unwrap_or(1);
+        // The job's PET_* hold its topology as run locally, every rank on one node; on the
+        // cluster the ranks split evenly over the stage's nodes (checked when the spec is).
+        let pet = |k: &str| job.env.get(k).and_then(|n| n.parse::<u32>().ok()).unwrap_or(1);
+        let nproc = (pet("PET_NNODES") * pet("PET_NPROC_PER_NODE") / info.nodes.max(1)).max(1);
         // Every rank of a CPU stage needs a core of its own; GPU ranks need little CPU.
         let cpus = match (info.resources.cpus, info.resources.gpus) {
             (c, 0) => c.max(f64::from(nproc)),

@@ -3,6 +3,7 @@
 
 mod checks;
 pub mod inputs;
+mod layout;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -25,6 +26,10 @@ pub enum PlanError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Input(#[from] InputError),
+    /// A layout that cannot split its model, at its place in the spec.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Layout(#[from] crate::spec::SpecErrors),
     #[error("stage `{stage}`: {message}")]
     #[diagnostic(code(mflow::plan::invalid), help("{help}"))]
     Invalid { stage: String, message: String, help: String },
@@ -88,6 +93,7 @@ pub fn build_with(mut spec: Spec, env: &Environment, known: Option<inputs::Known
     let root = project_root(&spec.dir);
     // The planned stages own the stage specs from here on (a large spec is not copied).
     let mut stage_specs = std::mem::take(&mut spec.stages);
+    layout::check(&spec, &stage_specs)?;
     insert_reshards(&mut stage_specs);
     checks::check(&stage_specs)?;
     let order = topo_order(&stage_specs);
@@ -152,6 +158,11 @@ pub fn build_with(mut spec: Spec, env: &Environment, known: Option<inputs::Known
     Ok(Plan { spec, stages, root })
 }
 
+/// The plan-time layout checks alone: every tp and pp that cannot split the model it reads.
+pub fn check_layouts(spec: &Spec) -> Result<(), crate::spec::SpecErrors> {
+    layout::check(spec, &spec.stages)
+}
+
 /// A stage's parameters as they enter its key.
 fn stage_params(spec: &Spec, st: &StageSpec, env: &Environment) -> Result<Json, PlanError> {
     let invalid = |message: String, help: String| PlanError::Invalid { stage: st.name.clone(), message, help };
@@ -171,31 +182,33 @@ fn stage_params(spec: &Spec, st: &StageSpec, env: &Environment) -> Result<Json, 
     Ok(params)
 }
 
-const RESHARD_NOTE: &str = "inserted by mflow: reshard for evaluation";
+const RESHARD_NOTE: &str = "inserted by mflow: reshard to the layout the next stage reads";
 
-/// An `evaluate` stage whose `tp` differs from the shards it reads gets a reshard stage in
-/// between, so users never convert by hand.
+/// A stage that reads shards (train, evaluate) in a layout other than the one its `model`
+/// stage writes (convert, train) gets a reshard stage in between, so users never convert by
+/// hand. Each kind says which layouts it reads and writes; nothing here is per kind.
 fn insert_reshards(stages: &mut Vec<StageSpec>) {
     let mut added = Vec::new();
-    for st in stages.iter_mut().filter(|s| s.kind == Kind::Evaluate) {
-        let Some(model) = st.params.get("model").and_then(Json::as_str).map(str::to_string) else { continue };
-        let Ok(pieces) = crate::spec::pieces(&model) else { continue };
-        let [crate::spec::Piece::StageOutput(src)] = pieces.as_slice() else { continue };
-        let want = st.params.get("tp").and_then(Json::as_i64).unwrap_or(1);
-        added.push((st.name.clone(), src.clone(), want));
-    }
-    for (eval, src, want) in added {
-        let Some(up) = stages.iter().find(|s| s.name == src).cloned() else { continue };
-        let have = up.params.get("tp").and_then(Json::as_i64);
-        let have_pp = up.params.get("pp").and_then(Json::as_i64).unwrap_or(1);
-        if have.is_none() || (have == Some(want) && have_pp == 1) {
-            continue;
+    for st in stages.iter() {
+        let Some(want) = st.kind.reads_shards(&st.params) else { continue };
+        let Some(up) = layout::upstream(st, "model", stages) else { continue };
+        match up.kind.writes_shards(&up.params) {
+            Some(have) if have != want => added.push((st.name.clone(), up.name.clone(), want, up.retries.clone())),
+            _ => {}
         }
-        let name = format!("{eval}-reshard");
+    }
+    for (consumer, src, (tp, pp), retries) in added {
+        // `<stage>-reshard`, unless the spec already has a stage of that name.
+        let mut name = format!("{consumer}-reshard");
+        let mut n = 2;
+        while stages.iter().any(|s| s.name == name) {
+            name = format!("{consumer}-reshard-{n}");
+            n += 1;
+        }
         let mut params = serde_json::Map::new();
         params.insert("model".into(), json!(format!("${{stages.{src}.output}}")));
-        params.insert("tp".into(), json!(want));
-        params.insert("pp".into(), json!(1));
+        params.insert("tp".into(), json!(tp));
+        params.insert("pp".into(), json!(pp));
         params.insert("dtype".into(), json!("keep"));
         let reshard = StageSpec {
             name: name.clone(),
@@ -203,7 +216,7 @@ fn insert_reshards(stages: &mut Vec<StageSpec>) {
             params,
             needs: vec![src.clone()],
             inputs: vec![],
-            retries: up.retries.clone(),
+            retries,
             timeout: None,
             resources: crate::spec::Resources { gpus: 0, cpus: 1.0, memory: None },
             env: BTreeMap::new(),
@@ -214,11 +227,11 @@ fn insert_reshards(stages: &mut Vec<StageSpec>) {
             image: None,
             description: Some(RESHARD_NOTE.into()),
         };
-        let ev = stages.iter_mut().find(|s| s.name == eval).expect("exists");
-        ev.params.insert("model".into(), json!(format!("${{stages.{name}.output}}")));
-        ev.needs.push(name.clone());
-        ev.needs.sort();
-        ev.needs.dedup();
+        let st = stages.iter_mut().find(|s| s.name == consumer).expect("exists");
+        st.params.insert("model".into(), json!(format!("${{stages.{name}.output}}")));
+        st.needs.push(name.clone());
+        st.needs.sort();
+        st.needs.dedup();
         stages.push(reshard);
     }
 }

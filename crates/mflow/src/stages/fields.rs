@@ -69,7 +69,7 @@ pub const COMMON: &[Field] = &[
     def("cache", Ty::Bool, "true", "false: always rerun"),
     def("salt", Ty::Str, "\"\"", "any text; changing it invalidates the cache entry"),
     def("gates", Ty::StrMap, "{}", "conditions on metrics.json, e.g. val_ppl = \"< 40\""),
-    def("nodes", Ty::Int, "1", "nodes (Kubernetes)"),
+    def("nodes", Ty::Int, "1", "nodes (Kubernetes); train and evaluate split their ranks evenly over them"),
     opt("image", Ty::Str, "container image (Kubernetes)"),
 ];
 
@@ -106,8 +106,8 @@ pub const TRAIN: &[Field] = &[
     req("model", Ty::Str, "shards from a convert stage"),
     req("data", Ty::Str, "a dataset stage's output"),
     def("engine", ENGINE, "\"auto\"", "megatron on CUDA, reference on CPU"),
-    def("tp", Ty::Int, "1", "tensor-parallel size (must match the shards)"),
-    def("pp", Ty::Int, "1", "pipeline-parallel size (must match the shards)"),
+    def("tp", Ty::Int, "1", "tensor-parallel size; a reshard is inserted when the shards differ"),
+    def("pp", Ty::Int, "1", "pipeline-parallel size; a reshard is inserted when the shards differ"),
     def("dp", Ty::Int, "1", "data-parallel size"),
     def("iterations", Ty::Int, "100", "optimizer steps"),
     def("seq_length", Ty::Int, "128", "tokens per sample"),

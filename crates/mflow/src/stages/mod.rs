@@ -70,6 +70,24 @@ impl Kind {
         matches!(self, Kind::Train | Kind::Evaluate | Kind::Export)
     }
 
+    /// The (tp, pp) layout of the shards a stage reads through `model`, when it reads shards.
+    pub fn reads_shards(self, p: &Map<String, Json>) -> Option<(u64, u64)> {
+        match self {
+            Kind::Train => Some((layout_size(p, "tp"), layout_size(p, "pp"))),
+            // Evaluation runs the whole depth on each rank.
+            Kind::Evaluate => Some((layout_size(p, "tp"), 1)),
+            _ => None,
+        }
+    }
+
+    /// The (tp, pp) layout of the shards a stage writes, when its output is shards.
+    pub fn writes_shards(self, p: &Map<String, Json>) -> Option<(u64, u64)> {
+        match self {
+            Kind::Convert | Kind::Train => Some((layout_size(p, "tp"), layout_size(p, "pp"))),
+            _ => None,
+        }
+    }
+
     /// Plan-time checks beyond types.
     pub fn check(self, src: &Src, node: &Node, p: &Map<String, Json>, stages: &[&str], errors: &mut Vec<SpecError>) {
         let at = |key: &str| node.get(key).unwrap_or(node);
@@ -127,11 +145,13 @@ impl Kind {
                 if m > 0 && dp > 0 && g % (m * dp) != 0 {
                     errors.push(invalid(src, at("global_batch_size"), "global_batch_size", format!("{g} is not divisible by micro_batch_size x dp = {}", m * dp), "make the global batch a multiple of micro_batch_size x dp"));
                 }
+                check_nodes(self, src, node, p, errors);
             }
             Kind::Evaluate => {
                 for k in ["tp", "seq_length", "micro_batch_size", "eval_iters"] {
                     positive(k, errors);
                 }
+                check_nodes(self, src, node, p, errors);
                 if let Some(b) = p.get("baseline").and_then(Json::as_str) {
                     if !stages.contains(&b) {
                         errors.push(invalid(src, at("baseline"), "baseline", format!("no stage named `{b}`"), did_you_mean(b, stages, "stages")));
@@ -140,5 +160,25 @@ impl Kind {
             }
             Kind::Export => {}
         }
+    }
+}
+
+fn layout_size(p: &Map<String, Json>, key: &str) -> u64 {
+    p.get(key).and_then(Json::as_u64).unwrap_or(1)
+}
+
+/// A distributed stage on several nodes runs the same number of ranks on each of them.
+fn check_nodes(kind: Kind, src: &Src, node: &Node, p: &Map<String, Json>, errors: &mut Vec<SpecError>) {
+    let nodes = p.get("nodes").and_then(Json::as_i64).unwrap_or(1);
+    let world = world_size(kind, p);
+    if nodes > 1 && world > 0 && world % nodes as u64 != 0 {
+        let sizes = if kind == Kind::Train { "tp x pp x dp" } else { "tp" };
+        errors.push(invalid(
+            src,
+            node.get("nodes").unwrap_or(node),
+            "nodes",
+            format!("{world} ranks ({sizes}) do not split evenly over {nodes} nodes"),
+            format!("choose a number of nodes that divides {world}, or change {sizes} to a multiple of {nodes}"),
+        ));
     }
 }
