@@ -171,7 +171,7 @@ fn layout_size(p: &Map<String, Json>, key: &str) -> u64 {
 fn check_nodes(kind: Kind, src: &Src, node: &Node, p: &Map<String, Json>, errors: &mut Vec<SpecError>) {
     let nodes = p.get("nodes").and_then(Json::as_i64).unwrap_or(1);
     let world = world_size(kind, p);
-    if nodes > 1 && world > 0 && world % nodes as u64 != 0 {
+    if nodes > 1 && world > 0 && !world.is_multiple_of(nodes as u64) {
         let sizes = if kind == Kind::Train { "tp x pp x dp" } else { "tp" };
         errors.push(invalid(
             src,
