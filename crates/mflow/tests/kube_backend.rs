@@ -464,7 +464,9 @@ async fn ctrl_c_cancels_the_run_and_deletes_its_trainjob() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn render_and_plan_write_nothing_to_the_workdir() {
     let cluster = Cluster::start().await;
-    let spec = cluster.spec("spec.toml", TWO_STAGES);
+    // An input, so that planning has stats it could save.
+    std::fs::write(cluster.dir.path().join("input.txt"), "data").unwrap();
+    let spec = cluster.spec("spec.toml", &TWO_STAGES.replace("nodes = 2\n", "nodes = 2\ninputs = [\"input.txt\"]\n"));
     for args in [vec!["render", spec.to_str().unwrap()], vec!["plan", spec.to_str().unwrap()]] {
         let o = cluster.mflow(&args).await;
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));

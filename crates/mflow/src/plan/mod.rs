@@ -84,12 +84,19 @@ impl Plan {
     }
 }
 
+/// The plan of commands that only look (`plan`, `render`, `why`, `output`): it writes nothing,
+/// not even the input stat cache, so that looking at a spec never creates its workdir.
 pub fn build(spec: Spec, env: &Environment) -> Result<Plan, PlanError> {
-    build_with(spec, env, None)
+    build_inner(spec, env, None, false)
 }
 
-/// `build`, with the workdir's input stat cache when it was read ahead.
-pub fn build_with(mut spec: Spec, env: &Environment, known: Option<inputs::KnownInputs>) -> Result<Plan, PlanError> {
+/// The plan of a run, with the workdir's input stat cache when it was read ahead; the inputs'
+/// stats are saved for the next run.
+pub fn build_with(spec: Spec, env: &Environment, known: Option<inputs::KnownInputs>) -> Result<Plan, PlanError> {
+    build_inner(spec, env, known, true)
+}
+
+fn build_inner(mut spec: Spec, env: &Environment, known: Option<inputs::KnownInputs>, save: bool) -> Result<Plan, PlanError> {
     let root = project_root(&spec.dir);
     // The planned stages own the stage specs from here on (a large spec is not copied).
     let mut stage_specs = std::mem::take(&mut spec.stages);
@@ -118,7 +125,9 @@ pub fn build_with(mut spec: Spec, env: &Environment, known: Option<inputs::Known
         let late = s.spawn(|| late.iter().map(&digest).collect::<Vec<_>>());
         let mut inputs: Vec<_> = early.iter().map(&digest).collect();
         inputs.extend(late.join().expect("input hashing does not panic"));
-        hasher.save();
+        if save {
+            hasher.save();
+        }
         (params.join().expect("parameters resolve without a panic"), inputs)
     });
     let mut stages = Vec::new();
