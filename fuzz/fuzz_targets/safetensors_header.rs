@@ -9,6 +9,9 @@ use libfuzzer_sys::fuzz_target;
 #[path = "../../crates/mflow-ckpt/src/st.rs"]
 #[allow(dead_code)]
 mod st;
+#[path = "../../crates/mflow-ckpt/src/untrusted.rs"]
+#[allow(dead_code)]
+mod untrusted;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(header) = st::parse("fuzz-input", data) {

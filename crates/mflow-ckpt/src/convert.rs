@@ -13,6 +13,7 @@ use crate::hf::{self, copy_tokenizer, dtype_name, INDEX};
 use crate::layout::{compose, hf_tensors, invert, rank_file_name, shard_plan, RankPlan, TensorPlan};
 use crate::shape::check_parallelism;
 use crate::shards::{self, FileEntry, GENERATION_CONFIG, HF_CONFIG, MANIFEST, TOKENIZER_DIR};
+use crate::untrusted::copy_inside;
 use crate::writer::{non_empty, write_file, Sources, Staging};
 
 /// Hugging Face shards are cut once they pass this size, as transformers does by default.
@@ -43,13 +44,13 @@ pub fn convert(src: &Path, dst: &Path, tp: u32, pp: u32, dtype: Option<Dtype>) -
         }
         let config = shards::hf_config(src)?;
         let out_dtype = dtype.unwrap_or(old.dtype);
-        write_shards(dst, &shape, &plan, out_dtype, &old.sources, &config, &src.join(TOKENIZER_DIR), &src.join(GENERATION_CONFIG))
+        write_shards(dst, &shape, &plan, out_dtype, &old.sources, &config, (src, Some(TOKENIZER_DIR)), src)
     } else if src.join("config.json").exists() {
         let model = hf::open(src)?;
         check_parallelism(&model.shape, tp, pp)?;
         let plan = shard_plan(&model.shape, tp, pp);
         let out_dtype = dtype.unwrap_or(model.dtype);
-        write_shards(dst, &model.shape, &plan, out_dtype, &model.sources, &model.config, src, &src.join(GENERATION_CONFIG))
+        write_shards(dst, &model.shape, &plan, out_dtype, &model.sources, &model.config, (src, None), src)
     } else {
         Err(CkptError::UnknownDir { dir: src.display().to_string() })
     }
@@ -63,7 +64,8 @@ fn write_shards(
     dtype: Dtype,
     sources: &Sources,
     hf_config: &Value,
-    tokenizer_from: &Path,
+    tokenizer_from: (&Path, Option<&str>),
+    // The directory holding generation_config.json, if it has one.
     generation_config: &Path,
 ) -> Result<(), CkptError> {
     let staging = Staging::new(dst)?;
@@ -80,11 +82,9 @@ fn write_shards(
         .collect::<Result<_, CkptError>>()?;
     let tok = staging.dir.join(TOKENIZER_DIR);
     std::fs::create_dir(&tok).map_err(io(&tok))?;
-    copy_tokenizer(tokenizer_from, &tok)?;
+    copy_tokenizer(tokenizer_from.0, tokenizer_from.1, &tok)?;
     write_json(&staging.dir.join(HF_CONFIG), hf_config)?;
-    if generation_config.is_file() {
-        std::fs::copy(generation_config, staging.dir.join(GENERATION_CONFIG)).map_err(io(generation_config))?;
-    }
+    copy_inside(generation_config, GENERATION_CONFIG, &staging.dir.join(GENERATION_CONFIG))?;
     let tp = plan.iter().map(|r| r.tp).max().unwrap_or(0) + 1;
     let pp = plan.iter().map(|r| r.pp).max().unwrap_or(0) + 1;
     let manifest = shards::manifest(shape, tp, pp, dtype, files);
@@ -144,11 +144,8 @@ pub fn export(src: &Path, dst: &Path) -> Result<(), CkptError> {
         obj.insert(key.into(), Value::String(dtype_name(sh.dtype).into()));
     }
     write_json(&staging.dir.join("config.json"), &config)?;
-    copy_tokenizer(&src.join(TOKENIZER_DIR), &staging.dir)?;
-    let gen = src.join(GENERATION_CONFIG);
-    if gen.is_file() {
-        std::fs::copy(&gen, staging.dir.join(GENERATION_CONFIG)).map_err(io(&gen))?;
-    }
+    copy_tokenizer(src, Some(TOKENIZER_DIR), &staging.dir)?;
+    copy_inside(src, GENERATION_CONFIG, &staging.dir.join(GENERATION_CONFIG))?;
     progress.finish();
     staging.commit()
 }

@@ -4,6 +4,7 @@ use miette::Diagnostic;
 use thiserror::Error;
 
 use crate::st::StError;
+use crate::untrusted::{excerpt, excerpt_of, FileError};
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum CkptError {
@@ -15,11 +16,23 @@ pub enum CkptError {
     #[diagnostic(transparent)]
     Hub(#[from] crate::hub::HubError),
 
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    File(#[from] FileError),
+
+    #[error("{file}: `{key}` is {found} but the weights hold {present}")]
+    #[diagnostic(code(mflow::ckpt::count), help("{help}"))]
+    Count { file: String, key: String, found: u64, present: String, help: String },
+
+    #[error("{file}: `{key}` = {value} is larger than {limit}, the most mflow accepts")]
+    #[diagnostic(code(mflow::ckpt::too_large), help("the file is corrupt or not the model it claims to be; no supported model comes near this"))]
+    TooLarge { file: String, key: String, value: String, limit: u64 },
+
     #[error("{path}: {source}")]
     #[diagnostic(code(mflow::ckpt::io), help("check the path and its permissions, and that the disk is not full"))]
     Io { path: String, source: std::io::Error },
 
-    #[error("{file}: `{key}`: {reason}")]
+    #[error("{file}: `{}`: {}", excerpt(.key), excerpt(.reason))]
     #[diagnostic(code(mflow::ckpt::config), help("{help}"))]
     Config { file: String, key: String, reason: String, help: String },
 
@@ -35,23 +48,23 @@ pub enum CkptError {
     #[diagnostic(code(mflow::ckpt::no_weights), help("the model directory must hold safetensors weights"))]
     NoWeights { dir: String },
 
-    #[error("{file}: tensor `{tensor}` is missing")]
+    #[error("{file}: tensor `{}` is missing", excerpt(.tensor))]
     #[diagnostic(code(mflow::ckpt::missing_tensor), help("the weights do not match config.json; the checkpoint is incomplete or of another architecture"))]
     MissingTensor { file: String, tensor: String },
 
-    #[error("{file}: unexpected tensor `{tensor}`")]
+    #[error("{file}: unexpected tensor `{}`", excerpt(.tensor))]
     #[diagnostic(code(mflow::ckpt::unexpected_tensor), help("the weights do not match config.json (another architecture or option such as biases); mflow refuses to drop weights silently"))]
     UnexpectedTensor { file: String, tensor: String },
 
-    #[error("{file}: tensor `{tensor}` has shape {found:?} but {expected:?} was expected from {reason}")]
+    #[error("{file}: tensor `{}` has shape {} but {expected:?} was expected from {reason}", excerpt(.tensor), excerpt_of(&format_args!("{:?}", .found)))]
     #[diagnostic(code(mflow::ckpt::shape), help("config.json and the weights disagree; fix config.json or use the weights it was written for"))]
     Shape { file: String, tensor: String, found: Vec<u64>, expected: Vec<u64>, reason: String },
 
-    #[error("{file}: tensor `{tensor}` is {found} but the checkpoint is {expected}")]
+    #[error("{file}: tensor `{}` is {found} but the checkpoint is {}", excerpt(.tensor), excerpt(.expected))]
     #[diagnostic(code(mflow::ckpt::dtype), help("all weights must share one floating-point dtype (float32, bfloat16 or float16)"))]
     Dtype { file: String, tensor: String, found: String, expected: String },
 
-    #[error("{file}: recorded {what} {expected} but the file has {found}")]
+    #[error("{file}: recorded {what} {} but the file has {found}", excerpt(.expected))]
     #[diagnostic(code(mflow::ckpt::integrity), help("the shards were changed or damaged after they were written; convert again"))]
     Integrity { file: String, what: String, expected: String, found: String },
 

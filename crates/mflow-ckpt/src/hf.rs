@@ -12,7 +12,14 @@ use crate::error::{io, CkptError};
 use crate::layout::hf_tensors;
 use crate::shape::{from_hf_config, Architecture, ModelShape};
 use crate::st::StFile;
+use crate::untrusted::{copy_inside, excerpt_of, read_bounded, resolve_inside};
 use crate::writer::Sources;
+
+/// Largest JSON document read (config.json, the index, the manifest): real ones are kilobytes,
+/// the index of a very large sharded model about ten megabytes.
+pub const MAX_JSON_BYTES: u64 = 32 << 20;
+/// Longest file name accepted from an index (the usual file system limit).
+const MAX_NAME_BYTES: usize = 255;
 
 pub const INDEX: &str = "model.safetensors.index.json";
 /// Tokenizer files carried along with a model, when present.
@@ -29,9 +36,10 @@ pub struct HfModel {
     pub sources: Sources,
 }
 
+/// Reads a JSON file of at most [`MAX_JSON_BYTES`] that must be a regular file.
 pub fn read_json(path: &Path) -> Result<Value, CkptError> {
-    let text = std::fs::read_to_string(path).map_err(io(path))?;
-    serde_json::from_str(&text).map_err(|e| CkptError::Config {
+    let bytes = read_bounded(path, MAX_JSON_BYTES)?;
+    serde_json::from_slice(&bytes).map_err(|e| CkptError::Config {
         file: path.display().to_string(),
         key: "(document)".into(),
         reason: format!("not valid JSON: {e}"),
@@ -39,9 +47,16 @@ pub fn read_json(path: &Path) -> Result<Value, CkptError> {
     })
 }
 
+/// Reads `dir/name`, which must resolve inside `dir`.
+pub fn read_json_in(dir: &Path, name: &str) -> Result<Value, CkptError> {
+    let path = dir.join(name);
+    resolve_inside(dir, name)?.ok_or_else(|| CkptError::Io { path: path.display().to_string(), source: std::io::ErrorKind::NotFound.into() })?;
+    read_json(&path)
+}
+
 pub fn read_config(dir: &Path) -> Result<(Value, ModelShape), CkptError> {
     let path = dir.join("config.json");
-    let config = read_json(&path)?;
+    let config = read_json_in(dir, "config.json")?;
     let shape = from_hf_config(&path.display().to_string(), &config)?;
     Ok((config, shape))
 }
@@ -50,7 +65,7 @@ pub fn read_config(dir: &Path) -> Result<(Value, ModelShape), CkptError> {
 pub fn weight_files(dir: &Path) -> Result<Vec<String>, CkptError> {
     let index = dir.join(INDEX);
     if index.exists() {
-        let v = read_json(&index)?;
+        let v = read_json_in(dir, INDEX)?;
         let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| CkptError::Config {
             file: index.display().to_string(),
             key: "weight_map".into(),
@@ -62,7 +77,7 @@ pub fn weight_files(dir: &Path) -> Result<Vec<String>, CkptError> {
             let name = f.as_str().filter(|n| is_plain_name(n) && n.ends_with(".safetensors")).ok_or_else(|| CkptError::Config {
                 file: index.display().to_string(),
                 key: format!("weight_map.{tensor}"),
-                reason: format!("{f} is not a .safetensors file name inside the model directory"),
+                reason: format!("{} is not a .safetensors file name inside the model directory", excerpt_of(f)),
                 help: "entries must be plain file names such as model-00001-of-00002.safetensors".into(),
             })?;
             files.insert(name.to_string());
@@ -83,7 +98,7 @@ pub fn weight_files(dir: &Path) -> Result<Vec<String>, CkptError> {
 
 /// A file name without directories, so that it cannot escape the model directory.
 pub fn is_plain_name(n: &str) -> bool {
-    !n.is_empty() && n != "." && n != ".." && !n.contains('/') && !n.contains('\\') && !n.contains('\0')
+    !n.is_empty() && n.len() <= MAX_NAME_BYTES && n != "." && n != ".." && !n.contains('/') && !n.contains('\\') && !n.contains('\0')
 }
 
 /// Tensors that may appear in a Hugging Face checkpoint without being weights mflow moves.
@@ -105,7 +120,14 @@ fn canonical(shape: &ModelShape, name: &str) -> String {
 pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
     let (config, shape) = read_config(dir)?;
     let files = weight_files(dir)?;
-    let opened: Vec<StFile> = files.par_iter().map(|f| StFile::open(&dir.join(f))).collect::<Result<_, _>>()?;
+    let opened: Vec<StFile> = files
+        .par_iter()
+        .map(|f| {
+            // Resolves links first so that a weight file cannot be read from outside `dir`.
+            resolve_inside(dir, f)?;
+            Ok(StFile::open(&dir.join(f))?)
+        })
+        .collect::<Result<_, CkptError>>()?;
     let weights_label = if files.len() == 1 { dir.join(&files[0]) } else { dir.join(INDEX) }.display().to_string();
     let mut sources = Sources::default();
     for (i, f) in opened.iter().enumerate() {
@@ -117,9 +139,35 @@ pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
         }
     }
     sources.files = opened;
+    // The layer count sizes the whole plan: check it against the weights before planning.
+    check_layer_count(&shape, sources.index.keys().map(String::as_str), &dir.join("config.json").display().to_string(), &weights_label)?;
     let expected = hf_tensors(&shape);
     let dtype = check_tensors(&sources, &expected, &weights_label, &dir.join("config.json").display().to_string())?;
     Ok(HfModel { dir: dir.to_path_buf(), config, shape, dtype, sources })
+}
+
+/// The layer index of a canonical Hugging Face tensor name, if it is a layer tensor.
+fn layer_index(shape: &ModelShape, name: &str) -> Option<u64> {
+    let prefix = if shape.architecture == Architecture::Gpt2 { "transformer.h." } else { "model.layers." };
+    let rest = name.strip_prefix(prefix)?;
+    rest.split_once('.')?.0.parse().ok()
+}
+
+/// Refuses a config whose layer count differs from the number of layers the weights hold,
+/// before any per-layer plan is made from it.
+fn check_layer_count<'a>(shape: &ModelShape, names: impl Iterator<Item = &'a str>, config: &str, weights: &str) -> Result<(), CkptError> {
+    let layers: BTreeSet<u64> = names.filter_map(|n| layer_index(shape, n)).collect();
+    if layers.len() as u64 == shape.num_layers {
+        return Ok(());
+    }
+    let key = if shape.architecture == Architecture::Gpt2 { "n_layer" } else { "num_hidden_layers" };
+    Err(CkptError::Count {
+        file: config.into(),
+        key: key.into(),
+        found: shape.num_layers,
+        present: format!("{} layers ({weights})", layers.len()),
+        help: "config.json and the weights disagree; fix config.json or use the weights it was written for".into(),
+    })
 }
 
 /// Checks that the sources hold exactly the expected tensors with the expected shapes and one
@@ -180,13 +228,15 @@ pub fn dtype_from_name(n: &str) -> Option<Dtype> {
     }
 }
 
-/// Copies whichever tokenizer files exist in `from` into `to`.
-pub fn copy_tokenizer(from: &Path, to: &Path) -> Result<(), CkptError> {
+/// Copies whichever tokenizer files exist in `root/sub` into `to`; each must resolve inside
+/// `root` (a linked `tokenizer/` directory is held to the same rule as its files).
+pub fn copy_tokenizer(root: &Path, sub: Option<&str>, to: &Path) -> Result<(), CkptError> {
     for name in TOKENIZER_FILES {
-        let src = from.join(name);
-        if src.is_file() {
-            std::fs::copy(&src, to.join(name)).map_err(io(&src))?;
-        }
+        let rel = match sub {
+            Some(s) => format!("{s}/{name}"),
+            None => name.to_string(),
+        };
+        copy_inside(root, &rel, &to.join(name))?;
     }
     Ok(())
 }
@@ -204,10 +254,7 @@ pub fn copy_model(src: &Path, dst: &Path) -> Result<(), CkptError> {
     }
     names.extend(["generation_config.json"].iter().chain(TOKENIZER_FILES).map(|s| s.to_string()));
     for name in names {
-        let from = src.join(&name);
-        if from.is_file() {
-            std::fs::copy(&from, staging.dir.join(&name)).map_err(io(&from))?;
-        }
+        copy_inside(src, &name, &staging.dir.join(&name))?;
     }
     staging.commit()
 }

@@ -5,6 +5,10 @@
 //! `MFLOW_SCRATCH` when the engine provides one) and continued with HTTP Range requests; LFS
 //! files are checked against the sha256 the Hub publishes. The finished files are validated as
 //! a Hugging Face model and then renamed into place. The token is sent, never printed.
+//!
+//! Every file is downloaded against the size the Hub lists for it: a file listed without a
+//! size is refused, and so is one larger than `MFLOW_HUB_MAX_FILE_BYTES` (default
+//! [`DEFAULT_MAX_FILE_BYTES`]), so a hostile or broken mirror cannot fill the disk.
 
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
@@ -25,6 +29,9 @@ const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 /// Largest API response accepted (the file list of a model repository).
 const MAX_API_BYTES: u64 = 32 << 20;
 const ATTEMPTS: usize = 4;
+/// Largest single file downloaded unless `MFLOW_HUB_MAX_FILE_BYTES` says otherwise; the Hub's
+/// safetensors shards are usually 5 GB or less.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 100_000_000_000;
 const PARALLEL: usize = 8;
 
 #[derive(Debug, Error, Diagnostic)]
@@ -53,6 +60,18 @@ pub enum HubError {
     #[diagnostic(code(mflow::ckpt::hub::size), help("run again; the partial file is resumed"))]
     Size { file: String, expected: u64, found: u64 },
 
+    #[error("{file}: the Hub lists no size for it")]
+    #[diagnostic(code(mflow::ckpt::hub::no_size), help("mflow downloads only files of known size, so that a download cannot grow without bound; check HF_ENDPOINT points at a Hugging Face Hub (its API lists every size)"))]
+    NoSize { file: String },
+
+    #[error("{file}: the Hub lists {size} bytes, more than the {limit} accepted")]
+    #[diagnostic(code(mflow::ckpt::hub::too_large), help("raise MFLOW_HUB_MAX_FILE_BYTES if this file is really wanted"))]
+    FileTooLarge { file: String, size: u64, limit: u64 },
+
+    #[error("MFLOW_HUB_MAX_FILE_BYTES = {value:?} is not a number of bytes")]
+    #[diagnostic(code(mflow::ckpt::hub::max_file_bytes), help("set it to a positive integer, e.g. 200000000000, or unset it for the default"))]
+    MaxFileBytes { value: String },
+
     #[error("{repo}@{revision} has no *.safetensors files")]
     #[diagnostic(code(mflow::ckpt::hub::no_safetensors), help("mflow only accepts safetensors weights; choose a repository or revision that has them"))]
     NoSafetensors { repo: String, revision: String },
@@ -65,6 +84,8 @@ pub struct HubConfig {
     pub token: Option<String>,
     /// Directory for partial downloads; `None` puts it next to the destination.
     pub resume_root: Option<PathBuf>,
+    /// Largest file downloaded; larger ones are refused before the download starts.
+    pub max_file_bytes: u64,
 }
 
 impl std::fmt::Debug for HubConfig {
@@ -75,14 +96,19 @@ impl std::fmt::Debug for HubConfig {
 }
 
 impl HubConfig {
-    /// HF_ENDPOINT, HF_TOKEN and MFLOW_SCRATCH from the environment.
-    pub fn from_env() -> HubConfig {
+    /// HF_ENDPOINT, HF_TOKEN, MFLOW_SCRATCH and MFLOW_HUB_MAX_FILE_BYTES from the environment.
+    pub fn from_env() -> Result<HubConfig, HubError> {
         let var = |k| std::env::var(k).ok().filter(|v: &String| !v.is_empty());
-        HubConfig {
+        let max_file_bytes = match var("MFLOW_HUB_MAX_FILE_BYTES") {
+            None => DEFAULT_MAX_FILE_BYTES,
+            Some(v) => v.parse().ok().filter(|&n: &u64| n > 0).ok_or(HubError::MaxFileBytes { value: v })?,
+        };
+        Ok(HubConfig {
             endpoint: var("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.into()).trim_end_matches('/').to_string(),
             token: var("HF_TOKEN"),
             resume_root: var("MFLOW_SCRATCH").map(PathBuf::from),
-        }
+            max_file_bytes,
+        })
     }
 }
 
@@ -128,6 +154,12 @@ struct Sibling {
     lfs: Option<Lfs>,
 }
 
+impl Sibling {
+    fn listed_size(&self) -> Option<u64> {
+        self.lfs.as_ref().map(|l| l.size).or(self.size)
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct Lfs {
     sha256: String,
@@ -171,7 +203,7 @@ fn repo_info(cfg: &HubConfig, http: &reqwest::blocking::Client, repo: &str, rev:
 
 /// The commit sha `source` (hf://ORG/NAME[@REV]) resolves to now; the engine's cache key.
 pub fn resolve_hf_revision(source: &str) -> Result<String, CkptError> {
-    resolve_with(&HubConfig::from_env(), source)
+    resolve_with(&HubConfig::from_env()?, source)
 }
 
 pub fn resolve_with(cfg: &HubConfig, source: &str) -> Result<String, CkptError> {
@@ -186,7 +218,7 @@ pub fn resolve_with(cfg: &HubConfig, source: &str) -> Result<String, CkptError> 
 
 /// Downloads `source` into `dst` using HF_ENDPOINT, HF_TOKEN and MFLOW_SCRATCH.
 pub fn download(source: &str, dst: &Path) -> Result<(), CkptError> {
-    download_with(&HubConfig::from_env(), source, dst)
+    download_with(&HubConfig::from_env()?, source, dst)
 }
 
 fn wanted(name: &str) -> bool {
@@ -201,13 +233,20 @@ pub fn download_with(cfg: &HubConfig, source: &str, dst: &Path) -> Result<(), Ck
     if !files.iter().any(|s| s.rfilename.ends_with(".safetensors")) {
         return Err(HubError::NoSafetensors { repo, revision: rev }.into());
     }
+    // Sizes are known and bounded before any byte is fetched.
+    for s in &files {
+        let size = s.listed_size().ok_or_else(|| HubError::NoSize { file: s.rfilename.clone() })?;
+        if size > cfg.max_file_bytes {
+            return Err(HubError::FileTooLarge { file: s.rfilename.clone(), size, limit: cfg.max_file_bytes }.into());
+        }
+    }
     let name = dst.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     let resume = match &cfg.resume_root {
         Some(root) => root.join(format!("hf-download-{}", info.sha)),
         None => dst.parent().unwrap_or(Path::new(".")).join(format!(".{name}.download-{}", info.sha)),
     };
     std::fs::create_dir_all(&resume).map_err(io(&resume))?;
-    let total: u64 = files.iter().map(|s| s.lfs.as_ref().map(|l| l.size).or(s.size).unwrap_or(0)).sum();
+    let total: u64 = files.iter().filter_map(|s| s.listed_size()).sum();
     let progress = Reporter::new("download", Some(total), "bytes");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(PARALLEL).build().expect("thread pool");
     pool.install(|| {
@@ -232,7 +271,11 @@ pub fn download_with(cfg: &HubConfig, source: &str, dst: &Path) -> Result<(), Ck
 /// Downloads one file into `resume/NAME`, continuing `resume/NAME.part` if present.
 fn fetch(http: &reqwest::blocking::Client, url: &str, resume: &Path, s: &Sibling, progress: &Reporter) -> Result<(), CkptError> {
     let done = resume.join(&s.rfilename);
-    let expected = s.lfs.as_ref().map(|l| l.size).or(s.size);
+    // download_with refused every file without a size.
+    let expected = s.listed_size();
+    if expected.is_none() {
+        return Err(HubError::NoSize { file: s.rfilename.clone() }.into());
+    }
     if done.exists() {
         progress.inc(expected.unwrap_or(0));
         return Ok(());

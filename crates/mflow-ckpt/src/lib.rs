@@ -14,6 +14,7 @@ pub mod shape;
 pub mod shards;
 pub mod st;
 mod tokenizer;
+pub mod untrusted;
 pub mod writer;
 
 use std::path::Path;

@@ -5,9 +5,36 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::CkptError;
+use crate::untrusted::{excerpt, excerpt_of};
 
 /// Megatron's default `make_vocab_size_divisible_by`.
 pub const VOCAB_DIVISOR: u64 = 128;
+
+/// Upper bounds on the sizes read from config.json and mflow-checkpoint.json, far above any
+/// real model, so that a hostile number is refused before mflow plans (allocates) per layer,
+/// per head or per vocabulary row, and products of sizes cannot overflow.
+pub const MAX_LAYERS: u64 = 4096;
+pub const MAX_HIDDEN: u64 = 1 << 20;
+pub const MAX_HEADS: u64 = 1 << 14;
+pub const MAX_KV_CHANNELS: u64 = 1 << 14;
+pub const MAX_FFN: u64 = 1 << 22;
+pub const MAX_VOCAB: u64 = 1 << 31;
+pub const MAX_POSITIONS: u64 = 1 << 24;
+pub const MAX_VOCAB_DIVISOR: u64 = 1 << 16;
+
+/// The bound of a config.json size key; `None` for keys without a size meaning.
+fn hf_bound(key: &str) -> Option<u64> {
+    Some(match key {
+        "num_hidden_layers" | "n_layer" => MAX_LAYERS,
+        "hidden_size" | "n_embd" => MAX_HIDDEN,
+        "num_attention_heads" | "n_head" | "num_key_value_heads" => MAX_HEADS,
+        "head_dim" => MAX_KV_CHANNELS,
+        "intermediate_size" | "n_inner" => MAX_FFN,
+        "vocab_size" => MAX_VOCAB,
+        "max_position_embeddings" | "n_positions" => MAX_POSITIONS,
+        _ => return None,
+    })
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -73,6 +100,69 @@ impl ModelShape {
     pub fn qkv_rows(&self) -> u64 {
         (self.num_attention_heads + 2 * self.num_query_groups) * self.kv_channels
     }
+
+    /// Checks every size against its bound and every float for sense, naming the field (as in
+    /// mflow-checkpoint.json) of `file` that is wrong. Shapes read from files must pass this
+    /// before anything is planned from them.
+    pub fn validate(&self, file: &str) -> Result<(), CkptError> {
+        let sizes = [
+            ("num_layers", self.num_layers, MAX_LAYERS),
+            ("hidden_size", self.hidden_size, MAX_HIDDEN),
+            ("num_attention_heads", self.num_attention_heads, MAX_HEADS),
+            ("num_query_groups", self.num_query_groups, MAX_HEADS),
+            ("kv_channels", self.kv_channels, MAX_KV_CHANNELS),
+            ("ffn_hidden_size", self.ffn_hidden_size, MAX_FFN),
+            ("max_position_embeddings", self.max_position_embeddings, MAX_POSITIONS),
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            ("make_vocab_size_divisible_by", self.make_vocab_size_divisible_by, MAX_VOCAB_DIVISOR),
+        ];
+        for (key, value, limit) in sizes {
+            if value == 0 {
+                return Err(config_err(file, key, "is 0; it must be at least 1".into()));
+            }
+            if value > limit {
+                return Err(CkptError::TooLarge { file: file.into(), key: key.into(), value: value.to_string(), limit });
+            }
+        }
+        if self.num_attention_heads % self.num_query_groups != 0 {
+            let reason = format!("{} does not divide num_attention_heads = {}", self.num_query_groups, self.num_attention_heads);
+            return Err(config_err(file, "num_query_groups", reason));
+        }
+        let floats = [
+            ("layernorm_epsilon", self.layernorm_epsilon, 1.0),
+            ("rotary_base", self.rotary_base, f64::MAX),
+            ("rotary_percent", self.rotary_percent, 1.0),
+            ("rope_scaling_factor", self.rope_scaling_factor, f64::MAX),
+        ];
+        for (key, value, max) in floats {
+            check_float(file, key, value, max)?;
+        }
+        let choices: [(&str, &str, &[&str]); 3] = [
+            ("activation", &self.activation, &["silu", "gelu_tanh"]),
+            ("normalization", &self.normalization, &["RMSNorm", "LayerNorm"]),
+            ("position_embedding_type", &self.position_embedding_type, &["rope", "learned_absolute"]),
+        ];
+        for (key, value, allowed) in choices {
+            if !allowed.contains(&value) {
+                return Err(config_err(file, key, format!("`{}` is not one of {}", excerpt(value), allowed.join(", "))));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn config_err(file: &str, key: &str, reason: String) -> CkptError {
+    CkptError::Config { file: file.into(), key: key.into(), reason, help: "fix the value; it cannot describe a real model".into() }
+}
+
+/// A float must be finite, greater than 0 and at most `max`.
+fn check_float(file: &str, key: &str, value: f64, max: f64) -> Result<(), CkptError> {
+    if value.is_finite() && value > 0.0 && value <= max {
+        Ok(())
+    } else {
+        let range = if max == f64::MAX { "a finite number greater than 0".to_string() } else { format!("a number in (0, {max}]") };
+        Err(config_err(file, key, format!("is {value}; it must be {range}")))
+    }
 }
 
 /// Checks that `tp` and `pp` split the model evenly, naming the field that does not divide.
@@ -114,13 +204,19 @@ pub fn check_parallelism(shape: &ModelShape, tp: u32, pp: u32) -> Result<(), Ckp
 /// Reads a Hugging Face config.json value into a [`ModelShape`].
 pub fn from_hf_config(file: &str, cfg: &Value) -> Result<ModelShape, CkptError> {
     let c = Cfg { file, v: cfg };
+    if !cfg.is_object() {
+        return Err(c.err("(document)", format!("expected a JSON object, found {}", excerpt_of(cfg)), "fix config.json"));
+    }
     let model_type = c.str("model_type")?;
-    match model_type.as_str() {
+    let shape = match model_type.as_str() {
         "llama" => llama_like(&c, Architecture::Llama),
         "qwen2" => llama_like(&c, Architecture::Qwen2),
         "gpt2" => gpt2(&c),
-        other => Err(c.err("model_type", format!("architecture `{other}` is not supported"), "supported: llama, qwen2, gpt2")),
-    }
+        other => Err(c.err("model_type", format!("architecture `{}` is not supported", excerpt(other)), "supported: llama, qwen2, gpt2")),
+    }?;
+    // Backstop for what the per-key checks do not cover; names Megatron's field.
+    shape.validate(file)?;
+    Ok(shape)
 }
 
 struct Cfg<'a> {
@@ -136,9 +232,16 @@ impl Cfg<'_> {
         self.v.get(key).filter(|v| !v.is_null())
     }
     fn u64(&self, key: &str) -> Result<u64, CkptError> {
-        match self.get(key) {
-            Some(v) => v.as_u64().filter(|&n| n > 0).ok_or_else(|| self.err(key, format!("expected a positive integer, found {v}"), "fix config.json")),
-            None => Err(self.err(key, "missing".into(), "config.json must set this field")),
+        let n = match self.get(key) {
+            Some(v) => v
+                .as_u64()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| self.err(key, format!("expected a positive integer, found {}", excerpt_of(v)), "fix config.json"))?,
+            None => return Err(self.err(key, "missing".into(), "config.json must set this field")),
+        };
+        match hf_bound(key) {
+            Some(limit) if n > limit => Err(CkptError::TooLarge { file: self.file.into(), key: key.into(), value: n.to_string(), limit }),
+            _ => Ok(n),
         }
     }
     fn u64_or(&self, key: &str, default: u64) -> Result<u64, CkptError> {
@@ -148,22 +251,29 @@ impl Cfg<'_> {
             Ok(default)
         }
     }
+    /// A positive, finite number (every float mflow reads is an epsilon, a base or a factor).
     fn f64_or(&self, key: &str, default: f64) -> Result<f64, CkptError> {
         match self.get(key) {
-            Some(v) => v.as_f64().ok_or_else(|| self.err(key, format!("expected a number, found {v}"), "fix config.json")),
+            Some(v) => self.positive(key, v),
             None => Ok(default),
+        }
+    }
+    fn positive(&self, key: &str, v: &Value) -> Result<f64, CkptError> {
+        match v.as_f64() {
+            Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+            _ => Err(self.err(key, format!("expected a finite number greater than 0, found {}", excerpt_of(v)), "fix config.json")),
         }
     }
     fn bool_or(&self, key: &str, default: bool) -> Result<bool, CkptError> {
         match self.get(key) {
-            Some(v) => v.as_bool().ok_or_else(|| self.err(key, format!("expected true or false, found {v}"), "fix config.json")),
+            Some(v) => v.as_bool().ok_or_else(|| self.err(key, format!("expected true or false, found {}", excerpt_of(v)), "fix config.json")),
             None => Ok(default),
         }
     }
     fn str(&self, key: &str) -> Result<String, CkptError> {
         match self.get(key) {
             Some(Value::String(s)) => Ok(s.clone()),
-            Some(v) => Err(self.err(key, format!("expected a string, found {v}"), "fix config.json")),
+            Some(v) => Err(self.err(key, format!("expected a string, found {}", excerpt_of(v)), "fix config.json")),
             None => Err(self.err(key, "missing".into(), "config.json must set this field")),
         }
     }
@@ -187,7 +297,7 @@ fn llama_like(c: &Cfg, arch: Architecture) -> Result<ModelShape, CkptError> {
         return Err(c.err("hidden_size", format!("{hidden} is not divisible by num_attention_heads = {heads}"), "set head_dim"));
     }
     let act = c.get("hidden_act").and_then(Value::as_str).unwrap_or("silu");
-    c.require("hidden_act", act == "silu", &format!("activation `{act}` is not supported (only silu)"))?;
+    c.require("hidden_act", act == "silu", &format!("activation `{}` is not supported (only silu)", excerpt(act)))?;
     match arch {
         Architecture::Llama => {
             c.require("attention_bias", !c.bool_or("attention_bias", false)?, "attention biases are not supported for llama")?;
@@ -231,11 +341,10 @@ fn rope(c: &Cfg) -> Result<(f64, Option<f64>), CkptError> {
         (Some(p), _) => ("rope_parameters", Some(p)),
         (None, s) => ("rope_scaling", s),
     };
-    let theta = params
-        .and_then(|p| p.get("rope_theta"))
-        .and_then(Value::as_f64)
-        .map(Ok)
-        .unwrap_or_else(|| c.f64_or("rope_theta", 10000.0))?;
+    let theta = match params.and_then(|p| p.get("rope_theta")).filter(|v| !v.is_null()) {
+        Some(v) => c.positive(&format!("{key}.rope_theta"), v)?,
+        None => c.f64_or("rope_theta", 10000.0)?,
+    };
     let Some(p) = params else { return Ok((theta, None)) };
     let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default");
     match kind {
@@ -253,12 +362,12 @@ fn rope(c: &Cfg) -> Result<(f64, Option<f64>), CkptError> {
                     ));
                 }
             }
-            let factor = p.get("factor").and_then(Value::as_f64);
-            factor
-                .map(|f| (theta, Some(f)))
-                .ok_or_else(|| c.err(&format!("{key}.factor"), "missing".into(), "llama3 rope scaling needs a factor"))
+            match p.get("factor").filter(|v| !v.is_null()) {
+                Some(f) => Ok((theta, Some(c.positive(&format!("{key}.factor"), f)?))),
+                None => Err(c.err(&format!("{key}.factor"), "missing".into(), "llama3 rope scaling needs a factor")),
+            }
         }
-        other => Err(c.err(&format!("{key}.rope_type"), format!("rope type `{other}` is not supported"), "supported: default, llama3")),
+        other => Err(c.err(&format!("{key}.rope_type"), format!("rope type `{}` is not supported", excerpt(other)), "supported: default, llama3")),
     }
 }
 
@@ -269,7 +378,7 @@ fn gpt2(c: &Cfg) -> Result<ModelShape, CkptError> {
         return Err(c.err("n_embd", format!("{hidden} is not divisible by n_head = {heads}"), "fix config.json"));
     }
     let act = c.get("activation_function").and_then(Value::as_str).unwrap_or("gelu_new");
-    c.require("activation_function", matches!(act, "gelu_new" | "gelu_pytorch_tanh"), &format!("activation `{act}` is not supported (only gelu_new)"))?;
+    c.require("activation_function", matches!(act, "gelu_new" | "gelu_pytorch_tanh"), &format!("activation `{}` is not supported (only gelu_new)", excerpt(act)))?;
     c.require("scale_attn_by_inverse_layer_idx", !c.bool_or("scale_attn_by_inverse_layer_idx", false)?, "per-layer attention scaling is not supported")?;
     c.require("scale_attn_weights", c.bool_or("scale_attn_weights", true)?, "unscaled attention is not supported")?;
     c.require("add_cross_attention", !c.bool_or("add_cross_attention", false)?, "cross attention is not supported")?;

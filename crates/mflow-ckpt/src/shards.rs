@@ -10,11 +10,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{io, CkptError};
-use crate::hf::{dtype_from_name, read_json};
+use crate::hf::{dtype_from_name, read_json_in};
 use crate::layout::{rank_file_name, rank_key, shard_plan, RankPlan};
 use crate::shape::{check_parallelism, ModelShape};
 use crate::st::StFile;
+use crate::untrusted::{excerpt, resolve_inside};
 use crate::writer::Sources;
+
+/// Most rank files a manifest may list (tp * pp); far above any real layout.
+pub const MAX_RANKS: u64 = 1 << 16;
 
 pub const MANIFEST: &str = "mflow-checkpoint.json";
 pub const FORMAT: &str = "mflow-megatron-shards";
@@ -68,22 +72,57 @@ fn bad(file: &Path, key: &str, reason: String) -> CkptError {
 
 pub fn read_manifest(dir: &Path) -> Result<Manifest, CkptError> {
     let path = dir.join(MANIFEST);
-    let value = read_json(&path)?;
-    let m: Manifest = serde_json::from_value(value).map_err(|e| bad(&path, "(document)", e.to_string()))?;
+    let value = read_json_in(dir, MANIFEST)?;
+    parse_manifest(&path, value)
+}
+
+/// Checks a parsed mflow-checkpoint.json: format, version, and every count against its bound
+/// and the others. Never panics (fuzzed).
+pub fn parse_manifest(path: &Path, value: Value) -> Result<Manifest, CkptError> {
+    let m: Manifest = serde_json::from_value(value).map_err(|e| bad(path, "(document)", e.to_string()))?;
+    let path = path.to_path_buf();
     if m.format != FORMAT {
-        return Err(bad(&path, "format", format!("is `{}`, expected `{FORMAT}`", m.format)));
+        return Err(bad(&path, "format", format!("is `{}`, expected `{FORMAT}`", excerpt(&m.format))));
     }
     if m.version != VERSION {
         return Err(bad(&path, "version", format!("is {}, this mflow reads version {VERSION}", m.version)));
     }
+    check_counts(&path, &m)?;
     Ok(m)
+}
+
+/// Checks the manifest's sizes against their bounds and against each other (ranks against
+/// files, stages against layers), so that nothing is planned from a number the rest of the
+/// manifest does not back.
+fn check_counts(path: &Path, m: &Manifest) -> Result<(), CkptError> {
+    let file = path.display().to_string();
+    m.model.shape.validate(&file)?;
+    if m.tp == 0 || m.pp == 0 {
+        return Err(bad(path, if m.tp == 0 { "tp" } else { "pp" }, "is 0; it must be at least 1".into()));
+    }
+    let ranks = m.tp as u64 * m.pp as u64;
+    if ranks > MAX_RANKS {
+        return Err(CkptError::TooLarge { file, key: "tp * pp".into(), value: ranks.to_string(), limit: MAX_RANKS });
+    }
+    if ranks != m.files.len() as u64 {
+        return Err(bad(path, "files", format!("lists {} files but tp * pp = {ranks}", m.files.len())));
+    }
+    if m.layers_per_stage.len() as u64 != m.pp as u64 {
+        return Err(bad(path, "layers_per_stage", format!("has {} entries but pp = {}", m.layers_per_stage.len(), m.pp)));
+    }
+    let per_stage = m.model.shape.num_layers / m.pp as u64;
+    if m.layers_per_stage.iter().any(|&n| n != per_stage) || per_stage * m.pp as u64 != m.model.shape.num_layers {
+        let reason = format!("must be {} entries of {per_stage} (model.num_layers = {} split evenly)", m.pp, m.model.shape.num_layers);
+        return Err(bad(path, "layers_per_stage", reason));
+    }
+    Ok(())
 }
 
 pub fn open(dir: &Path) -> Result<Shards, CkptError> {
     let path = dir.join(MANIFEST);
     let m = read_manifest(dir)?;
     let shape = &m.model.shape;
-    let dtype = dtype_from_name(&m.dtype).ok_or_else(|| bad(&path, "dtype", format!("`{}` is not float32, bfloat16 or float16", m.dtype)))?;
+    let dtype = dtype_from_name(&m.dtype).ok_or_else(|| bad(&path, "dtype", format!("`{}` is not float32, bfloat16 or float16", excerpt(&m.dtype))))?;
     check_parallelism(shape, m.tp, m.pp)?;
     if m.model.padded_vocab_size != shape.padded_vocab(m.tp) {
         return Err(bad(&path, "model.padded_vocab_size", format!("is {}, expected {} for tp = {}", m.model.padded_vocab_size, shape.padded_vocab(m.tp), m.tp)));
@@ -95,7 +134,7 @@ pub fn open(dir: &Path) -> Result<Shards, CkptError> {
     }
     for f in &m.files {
         if f.path != rank_file_name(f.tp, f.pp) {
-            return Err(bad(&path, "files[].path", format!("`{}` should be `{}`", f.path, rank_file_name(f.tp, f.pp))));
+            return Err(bad(&path, "files[].path", format!("`{}` should be `{}`", excerpt(&f.path), rank_file_name(f.tp, f.pp))));
         }
     }
     let opened: Vec<StFile> = m
@@ -103,6 +142,8 @@ pub fn open(dir: &Path) -> Result<Shards, CkptError> {
         .par_iter()
         .map(|f| {
             let p = dir.join(&f.path);
+            // Regular files inside the directory only: no FIFO to block on, no link out.
+            resolve_inside(dir, &f.path)?;
             let len = std::fs::metadata(&p).map_err(io(&p))?.len();
             if len != f.bytes {
                 return Err(CkptError::Integrity { file: p.display().to_string(), what: "size".into(), expected: f.bytes.to_string(), found: len.to_string() });
@@ -116,6 +157,25 @@ pub fn open(dir: &Path) -> Result<Shards, CkptError> {
             Ok(StFile::open(&p)?)
         })
         .collect::<Result<_, CkptError>>()?;
+    // Every rank file must hold its stage's layers before per-layer plans are made.
+    let per_stage = shape.num_layers / m.pp as u64;
+    for file in &opened {
+        let layers: BTreeSet<u64> = file
+            .header
+            .tensors
+            .keys()
+            .filter_map(|n| n.strip_prefix("decoder.layers.")?.split_once('.')?.0.parse().ok())
+            .collect();
+        if layers.len() as u64 != per_stage {
+            return Err(CkptError::Count {
+                file: path.display().to_string(),
+                key: "model.num_layers".into(),
+                found: shape.num_layers,
+                present: format!("{} layers in {} ({per_stage} expected per stage for pp = {})", layers.len(), file.path.display(), m.pp),
+                help: "the manifest and the rank files disagree; regenerate the shards with `mflow convert`".into(),
+            });
+        }
+    }
     let plan = shard_plan(shape, m.tp, m.pp);
     let mut sources = Sources::default();
     for (i, (entry, file)) in m.files.iter().zip(&opened).enumerate() {
@@ -161,5 +221,5 @@ pub fn manifest(shape: &ModelShape, tp: u32, pp: u32, dtype: Dtype, files: Vec<F
 
 /// The original Hugging Face config carried in a shards directory.
 pub fn hf_config(dir: &Path) -> Result<Value, CkptError> {
-    read_json(&dir.join(HF_CONFIG))
+    read_json_in(dir, HF_CONFIG)
 }

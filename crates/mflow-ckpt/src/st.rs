@@ -10,18 +10,41 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 use miette::Diagnostic;
-use safetensors::tensor::TensorInfo;
 use safetensors::Dtype;
+use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use thiserror::Error;
+
+use crate::untrusted::{excerpt, open_regular, FileError};
 
 /// Largest header accepted, as in the safetensors reference implementation.
 pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+/// Most tensors accepted in one file. The largest supported models (4096 layers of a dozen
+/// tensors) stay below it; a header of a million tiny entries would otherwise cost gigabytes
+/// of memory before any other check could fail.
+pub const MAX_TENSORS: usize = 65_536;
+/// Most `__metadata__` entries accepted (writers put one or two there).
+pub const MAX_METADATA: usize = 1024;
+/// Most dimensions of one tensor (mflow moves 1-D and 2-D tensors).
+pub const MAX_DIMS: usize = 8;
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum StError {
     #[error("{file}: cannot read: {source}")]
     #[diagnostic(code(mflow::ckpt::safetensors::io), help("check that the file exists and is readable"))]
     Io { file: String, source: std::io::Error },
+
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    File(#[from] FileError),
+
+    #[error("{file}: header lists more than {limit} {what}")]
+    #[diagnostic(code(mflow::ckpt::safetensors::too_many), help("the file is corrupt or hostile; mflow's models have far fewer; split it or write it again"))]
+    TooMany { file: String, what: &'static str, limit: usize },
+
+    #[error("{file}: tensor `{}` is listed twice in the header", excerpt(.tensor))]
+    #[diagnostic(code(mflow::ckpt::safetensors::duplicate), help("the header is ambiguous (which entry holds the weights?); write the file again"))]
+    Duplicate { file: String, tensor: String },
 
     #[error("{file}: file is {len} bytes, too short to hold a safetensors header")]
     #[diagnostic(code(mflow::ckpt::safetensors::truncated), help("the file is truncated; download or convert it again"))]
@@ -31,11 +54,11 @@ pub enum StError {
     #[diagnostic(code(mflow::ckpt::safetensors::header_length), help("the file is truncated or is not a safetensors file; only .safetensors checkpoints are accepted"))]
     HeaderLength { file: String, header: u64, limit: u64, len: u64 },
 
-    #[error("{file}: header is not valid JSON: {reason}")]
+    #[error("{file}: header is not valid JSON: {}", excerpt(.reason))]
     #[diagnostic(code(mflow::ckpt::safetensors::header_json), help("the file is corrupt or is not a safetensors file"))]
     HeaderJson { file: String, reason: String },
 
-    #[error("{file}: tensor `{tensor}`: {reason}")]
+    #[error("{file}: tensor `{}`: {}", excerpt(.tensor), excerpt(.reason))]
     #[diagnostic(code(mflow::ckpt::safetensors::tensor), help("the header disagrees with itself or with the file size; the file is corrupt or truncated"))]
     BadTensor { file: String, tensor: String, reason: String },
 
@@ -43,7 +66,7 @@ pub enum StError {
     #[diagnostic(code(mflow::ckpt::safetensors::truncated_data), help("the file is truncated or has trailing bytes; download or convert it again"))]
     DataSize { file: String, data: u64, covered: u64 },
 
-    #[error("{file}: rejected by the safetensors validator: {reason}")]
+    #[error("{file}: rejected by the safetensors validator: {}", excerpt(.reason))]
     #[diagnostic(code(mflow::ckpt::safetensors::invalid), help("the file is corrupt"))]
     Invalid { file: String, reason: String },
 }
@@ -78,43 +101,40 @@ pub fn parse(file: &str, buf: &[u8]) -> Result<Header, StError> {
     let data_start = 8 + header as usize;
     let text = std::str::from_utf8(&buf[8..data_start])
         .map_err(|e| StError::HeaderJson { file: file.into(), reason: e.to_string() })?;
-    let raw: BTreeMap<String, serde_json::Value> = serde_json::from_str(text)
-        .map_err(|e| StError::HeaderJson { file: file.into(), reason: e.to_string() })?;
+    let mut slot = None;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let parsed = HeaderSeed { file, slot: &mut slot }.deserialize(&mut de).and_then(|h| de.end().map(|()| h));
+    let raw = match (parsed, slot) {
+        (_, Some(e)) => return Err(e),
+        (Ok(raw), None) => raw,
+        (Err(e), None) => return Err(StError::HeaderJson { file: file.into(), reason: e.to_string() }),
+    };
     let data_len = len - data_start as u64;
     let mut tensors = BTreeMap::new();
-    let mut metadata = None;
-    for (name, value) in raw {
-        if name == "__metadata__" {
-            let m: BTreeMap<String, String> = serde_json::from_value(value).map_err(|e| StError::HeaderJson {
-                file: file.into(),
-                reason: format!("__metadata__: {e}"),
-            })?;
-            metadata = Some(m);
-            continue;
-        }
+    let metadata = raw.metadata;
+    for (name, info) in raw.tensors {
         let bad = |reason: String| StError::BadTensor { file: file.into(), tensor: name.clone(), reason };
-        let info: TensorInfo = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
         let (s, e) = info.data_offsets;
         if s > e || e as u64 > data_len {
             return Err(bad(format!("data offsets [{s}, {e}) fall outside the {data_len}-byte data area")));
         }
-        let elements = info.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+        let elements = info.shape.0.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
         let bytes = elements.and_then(|n| n.checked_mul(info.dtype.size() as u64));
         match bytes {
             Some(b) if b == (e - s) as u64 => {}
             Some(b) => {
                 return Err(bad(format!(
                     "shape {:?} of {:?} needs {b} bytes but data offsets [{s}, {e}) hold {}",
-                    info.shape,
+                    info.shape.0,
                     info.dtype,
                     e - s
                 )))
             }
-            None => return Err(bad(format!("shape {:?} overflows", info.shape))),
+            None => return Err(bad(format!("shape {:?} overflows", info.shape.0))),
         }
         let meta = TensorMeta {
             dtype: info.dtype,
-            shape: info.shape.iter().map(|&d| d as u64).collect(),
+            shape: info.shape.0,
             start: data_start + s,
             end: data_start + e,
         };
@@ -125,6 +145,127 @@ pub fn parse(file: &str, buf: &[u8]) -> Result<Header, StError> {
     safetensors::SafeTensors::read_metadata(buf)
         .map_err(|e| StError::Invalid { file: file.into(), reason: format!("{e:?}") })?;
     Ok(Header { tensors, metadata })
+}
+
+/// A header as read: tensor entries in file order, and the metadata.
+struct RawHeader {
+    tensors: Vec<(String, RawInfo)>,
+    metadata: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize)]
+struct RawInfo {
+    dtype: Dtype,
+    shape: Dims,
+    data_offsets: (usize, usize),
+}
+
+/// A shape of at most [`MAX_DIMS`] dimensions, refused as soon as it has more.
+struct Dims(Vec<u64>);
+
+impl<'de> Deserialize<'de> for Dims {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Dims, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Dims;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "a list of at most {MAX_DIMS} dimensions")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Dims, A::Error> {
+                let mut dims = Vec::new();
+                while let Some(d) = seq.next_element::<u64>()? {
+                    if dims.len() == MAX_DIMS {
+                        return Err(A::Error::custom(format!("more than {MAX_DIMS} dimensions")));
+                    }
+                    dims.push(d);
+                }
+                Ok(Dims(dims))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// Reads the header map entry by entry, so that a count past the limits or a repeated name
+/// stops the read before more is allocated. The precise error goes to `slot`.
+struct HeaderSeed<'a> {
+    file: &'a str,
+    slot: &'a mut Option<StError>,
+}
+
+impl<'de> DeserializeSeed<'de> for HeaderSeed<'_> {
+    type Value = RawHeader;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<RawHeader, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for HeaderSeed<'_> {
+    type Value = RawHeader;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object of tensor entries")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader, A::Error> {
+        let file = self.file;
+        let mut names = std::collections::BTreeSet::new();
+        let mut tensors = Vec::new();
+        let mut metadata: Option<BTreeMap<String, String>> = None;
+        while let Some(name) = map.next_key::<String>()? {
+            let fail = |slot: &mut Option<StError>, e: StError| {
+                let msg = e.to_string();
+                *slot = Some(e);
+                A::Error::custom(msg)
+            };
+            if !names.insert(name.clone()) {
+                return Err(fail(self.slot, StError::Duplicate { file: file.into(), tensor: name }));
+            }
+            if name == "__metadata__" {
+                let m = map.next_value::<Metadata>().map_err(|e| {
+                    let reason = format!("__metadata__: {e}");
+                    fail(self.slot, StError::HeaderJson { file: file.into(), reason })
+                })?;
+                metadata = Some(m.0);
+                continue;
+            }
+            if tensors.len() == MAX_TENSORS {
+                return Err(fail(self.slot, StError::TooMany { file: file.into(), what: "tensors", limit: MAX_TENSORS }));
+            }
+            let info = map.next_value::<RawInfo>().map_err(|e| {
+                let reason = e.to_string();
+                fail(self.slot, StError::BadTensor { file: file.into(), tensor: name.clone(), reason })
+            })?;
+            tensors.push((name, info));
+        }
+        Ok(RawHeader { tensors, metadata })
+    }
+}
+
+/// `__metadata__`: string values only, at most [`MAX_METADATA`] of them.
+struct Metadata(BTreeMap<String, String>);
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Metadata, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Metadata;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "an object of at most {MAX_METADATA} string values")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Metadata, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some((k, v)) = map.next_entry::<String, String>()? {
+                    if out.len() == MAX_METADATA {
+                        return Err(A::Error::custom(format!("more than {MAX_METADATA} entries")));
+                    }
+                    if out.insert(k, v).is_some() {
+                        return Err(A::Error::custom("a key is listed twice"));
+                    }
+                }
+                Ok(Metadata(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// Tensors must tile the data area exactly: no overlap, no gap, nothing past the end.
@@ -169,7 +310,7 @@ impl StFile {
     pub fn open(path: &Path) -> Result<StFile, StError> {
         let name = path.display().to_string();
         let io = |source| StError::Io { file: name.clone(), source };
-        let f = File::open(path).map_err(io)?;
+        let f = open_regular(path)?;
         let len = f.metadata().map_err(io)?.len();
         if len < 8 {
             return Err(StError::TooShort { file: name, len });

@@ -121,7 +121,7 @@ fn repo_files(tmp: &Path) -> BTreeMap<String, Vec<u8>> {
 }
 
 fn config(endpoint: String) -> HubConfig {
-    HubConfig { endpoint, token: Some(TOKEN.into()), resume_root: None }
+    HubConfig { endpoint, token: Some(TOKEN.into()), resume_root: None, max_file_bytes: mflow_ckpt::hub::DEFAULT_MAX_FILE_BYTES }
 }
 
 #[test]

@@ -44,7 +44,7 @@ pub enum InputError {
     MalformedJson { path: PathBuf, line: u64, message: String },
 
     #[error("{path}:{line}: the JSON object has no {key:?} field")]
-    #[diagnostic(code(mflow::data::input::missing_key), help("name the field holding the text with --text-key (fields on this line: {fields})"))]
+    #[diagnostic(code(mflow::data::input::missing_key), help("name the field holding the text with --text-key (fields on this line: {})", crate::untrusted::excerpt(fields)))]
     MissingKey { path: PathBuf, line: u64, key: String, fields: String },
 
     #[error("{path}:{line}: field {key:?} is {found}, not a string")]
@@ -97,8 +97,13 @@ pub fn expand(patterns: &[String], format: InputFormat) -> Result<Vec<InputFile>
             if path.is_dir() {
                 return Err(InputError::IsDir { path });
             }
-            if !path.is_file() {
-                return Err(InputError::NotFound { path });
+            match std::fs::metadata(&path) {
+                Err(_) => return Err(InputError::NotFound { path }),
+                // A FIFO or device would block the build or never end; say so instead.
+                Ok(m) if !m.is_file() => {
+                    return Err(InputError::Read { path, line: 0, source: crate::untrusted::not_regular(m.file_type()) })
+                }
+                Ok(_) => {}
             }
             paths.push(path);
         }
@@ -199,7 +204,7 @@ impl DocReader {
     fn open(&self, index: usize) -> Result<OpenFile, InputError> {
         let path = &self.files[index].path;
         let read_err = |source| InputError::Read { path: path.clone(), line: 0, source };
-        let file = File::open(path).map_err(read_err)?;
+        let file: File = crate::untrusted::open_regular(path).map_err(read_err)?;
         let counted = Counting { inner: file, count: self.bytes_read.clone() };
         let mut raw = BufReader::with_capacity(READ_BUFFER, counted);
         let magic = raw.fill_buf().map_err(read_err)?;

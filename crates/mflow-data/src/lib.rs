@@ -16,6 +16,7 @@ pub mod options;
 pub mod output;
 pub mod split;
 pub mod tokenize;
+mod untrusted;
 
 pub use build::{build, BuildError, Stats, Summary};
 pub use cli::{run, DatasetArgs};

@@ -180,8 +180,15 @@ impl Options {
     /// encoder the build will use.
     pub fn validate(&self) -> Result<Encoder, OptionsError> {
         let source = match &self.tokenizer {
+            // A model directory's tokenizer.json must resolve inside it, like its other files.
             TokenizerSource::HfFile(p) if p.is_dir() && p.join("tokenizer.json").is_file() => {
-                TokenizerSource::HfFile(p.join("tokenizer.json"))
+                match crate::untrusted::resolve_inside(p, "tokenizer.json") {
+                    Ok(_) => TokenizerSource::HfFile(p.join("tokenizer.json")),
+                    Err(e) => {
+                        let path = p.join("tokenizer.json");
+                        return Err(TokenizerError::Load { path, message: e.to_string() }.into());
+                    }
+                }
             }
             TokenizerSource::HfFile(p) if !p.is_file() => return Err(OptionsError::TokenizerPath { path: p.clone() }),
             other => other.clone(),

@@ -10,6 +10,7 @@ use tokenizers::Tokenizer;
 use crate::indexed::Dtype;
 use crate::memo::WordMemo;
 use crate::options::TokenizerSource;
+use crate::untrusted::{excerpt, read_bounded, resolve_inside};
 
 /// End-of-document id of the byte-level tokenizer.
 pub const BYTE_LEVEL_EOD: u32 = 256;
@@ -21,7 +22,7 @@ const EOD_CANDIDATES: [&str; 5] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum TokenizerError {
-    #[error("cannot load tokenizer {path}: {message}")]
+    #[error("cannot load tokenizer {}: {}", .path.display(), excerpt(.message))]
     #[diagnostic(code(mflow::data::tokenizer::load), help("pass a valid Hugging Face tokenizer.json (as saved by `tokenizers` or `transformers`)"))]
     Load { path: PathBuf, message: String },
 
@@ -29,18 +30,18 @@ pub enum TokenizerError {
     #[diagnostic(code(mflow::data::tokenizer::too_large), help("check that the path names a tokenizer.json and not a model file"))]
     TooLarge { path: PathBuf, size: u64, limit: u64 },
 
-    #[error("tokenizer {path} has no end-of-document token (no eos_token in tokenizer_config.json and none of {candidates})")]
+    #[error("tokenizer {} has no end-of-document token (no eos_token in tokenizer_config.json and none of {candidates})", .path.display())]
     #[diagnostic(
         code(mflow::data::tokenizer::no_eod),
-        help("name the token that ends each document with --eod, e.g. --eod '</s>'; special tokens of this tokenizer: {specials}")
+        help("name the token that ends each document with --eod, e.g. --eod '</s>'; special tokens of this tokenizer: {}", excerpt(specials))
     )]
     NoEod { path: PathBuf, candidates: String, specials: String },
 
     #[error("--eod {token:?} is not a token of {path}")]
-    #[diagnostic(code(mflow::data::tokenizer::unknown_eod), help("give a token string from the vocabulary (or its id); special tokens of this tokenizer: {specials}"))]
+    #[diagnostic(code(mflow::data::tokenizer::unknown_eod), help("give a token string from the vocabulary (or its id); special tokens of this tokenizer: {}", excerpt(specials)))]
     UnknownEod { token: String, path: PathBuf, specials: String },
 
-    #[error("tokenizer {path} failed to encode a document: {message}")]
+    #[error("tokenizer {} failed to encode a document: {}", .path.display(), excerpt(.message))]
     #[diagnostic(code(mflow::data::tokenizer::encode), help("the tokenizer.json may be incomplete; check it loads with `tokenizers.Tokenizer.from_file`"))]
     Encode { path: PathBuf, message: String },
 }
@@ -164,7 +165,10 @@ fn load_hf(path: &Path, eod: Option<&str>, add_special_tokens: bool) -> Result<E
     if size > MAX_TOKENIZER_BYTES {
         return Err(TokenizerError::TooLarge { path: path.to_path_buf(), size, limit: MAX_TOKENIZER_BYTES });
     }
-    let mut tokenizer = Tokenizer::from_file(path).map_err(|e| load_err(e.to_string()))?;
+    // Read through a checked descriptor: a FIFO in the file's place must not block the load.
+    let bytes = read_bounded(path, MAX_TOKENIZER_BYTES).map_err(|e| load_err(e.to_string()))?;
+    let mut tokenizer = Tokenizer::from_bytes(&bytes).map_err(|e| load_err(e.to_string()))?;
+    drop(bytes);
     // transformers ignores truncation/padding stored in tokenizer.json unless asked; so do we
     tokenizer.with_truncation(None).map_err(|e| load_err(e.to_string()))?;
     tokenizer.with_padding(None);
@@ -223,12 +227,24 @@ fn load_hf(path: &Path, eod: Option<&str>, add_special_tokens: bool) -> Result<E
 }
 
 /// `eos_token` of the tokenizer_config.json beside `tokenizer_json`, as transformers reads it.
+/// A config that is missing, not a regular file, too large, or linked out of the tokenizer's
+/// directory is ignored (the end-of-document token then comes from the fallbacks or --eod).
 fn config_eos_token(tokenizer_json: &Path) -> Option<String> {
-    let cfg = tokenizer_json.parent()?.join("tokenizer_config.json");
-    if std::fs::metadata(&cfg).ok()?.len() > MAX_CONFIG_BYTES {
+    let dir = match tokenizer_json.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let cfg = resolve_inside(dir, "tokenizer_config.json").ok()??;
+    eos_token_of_config(&read_bounded(&cfg, MAX_CONFIG_BYTES).ok()?)
+}
+
+/// `eos_token` of a tokenizer_config.json document, as transformers reads it; `None` if the
+/// document is not JSON or names none. Never panics (fuzzed).
+pub fn eos_token_of_config(bytes: &[u8]) -> Option<String> {
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
         return None;
     }
-    let value: serde_json::Value = serde_json::from_slice(&std::fs::read(cfg).ok()?).ok()?;
+    let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
     match value.get("eos_token")? {
         serde_json::Value::String(s) => Some(s.clone()),
         serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
