@@ -29,6 +29,8 @@ struct Hub {
     /// Cut the first response for this file in half.
     truncate_once: Mutex<Option<String>>,
     seen: Mutex<Vec<Seen>>,
+    /// List this file without any size.
+    unsized_file: Option<String>,
 }
 
 fn serve(hub: Arc<Hub>) -> String {
@@ -77,6 +79,9 @@ fn handle(hub: &Hub, mut stream: TcpStream) {
                 let mut s = serde_json::json!({"rfilename": name, "size": data.len()});
                 if lfs {
                     s["lfs"] = serde_json::json!({"sha256": sha, "size": data.len(), "pointerSize": 134});
+                }
+                if hub.unsized_file.as_deref() == Some(name) {
+                    s = serde_json::json!({"rfilename": name});
                 }
                 s
             })
@@ -133,6 +138,7 @@ fn interrupted_download_is_resumed_with_a_range_request() {
         wrong_sha: None,
         truncate_once: Mutex::new(Some("model.safetensors".into())),
         seen: Mutex::new(Vec::new()),
+        unsized_file: None,
     });
     let cfg = config(serve(hub.clone()));
     assert_eq!(resolve_with(&cfg, "hf://org/tiny").unwrap(), SHA);
@@ -163,6 +169,7 @@ fn sha256_mismatch_is_refused() {
         wrong_sha: Some("ab".repeat(32)),
         truncate_once: Mutex::new(None),
         seen: Mutex::new(Vec::new()),
+        unsized_file: None,
     });
     let cfg = config(serve(hub));
     let dst = tmp.path().join("model");
@@ -177,7 +184,7 @@ fn sha256_mismatch_is_refused() {
 
 #[test]
 fn unknown_model_and_bad_references_are_refused() {
-    let hub = Arc::new(Hub { files: BTreeMap::new(), wrong_sha: None, truncate_once: Mutex::new(None), seen: Mutex::new(Vec::new()) });
+    let hub = Arc::new(Hub { files: BTreeMap::new(), wrong_sha: None, truncate_once: Mutex::new(None), seen: Mutex::new(Vec::new()), unsized_file: None });
     let cfg = config(serve(hub));
     let err = resolve_with(&cfg, "hf://org/missing@v1").unwrap_err();
     let text = err.to_string();
@@ -197,7 +204,38 @@ fn a_pinned_commit_needs_no_network_and_an_outage_is_told_apart_from_a_wrong_nam
     let outage = resolve_with(&cfg, "hf://org/tiny").unwrap_err();
     assert!(mflow_ckpt::hub_unavailable(&outage), "{outage}");
 
-    let hub = Arc::new(Hub { files: BTreeMap::new(), wrong_sha: None, truncate_once: Mutex::new(None), seen: Mutex::new(Vec::new()) });
+    let hub = Arc::new(Hub { files: BTreeMap::new(), wrong_sha: None, truncate_once: Mutex::new(None), seen: Mutex::new(Vec::new()), unsized_file: None });
     let missing = resolve_with(&config(serve(hub)), "hf://org/missing@v1").unwrap_err();
     assert!(!mflow_ckpt::hub_unavailable(&missing), "a 404 is the spec's fault: {missing}");
+}
+
+/// Files are fetched only against a listed size within the configured maximum, so a mirror
+/// cannot stream without end into the resume directory.
+#[test]
+fn files_without_a_size_or_over_the_maximum_are_not_downloaded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = repo_files(tmp.path());
+    let fetched = |hub: &Hub| hub.seen.lock().unwrap().iter().filter(|s| s.path.contains("/resolve/")).count();
+
+    let hub = Arc::new(Hub {
+        files: files.clone(),
+        wrong_sha: None,
+        truncate_once: Mutex::new(None),
+        seen: Mutex::new(Vec::new()),
+        unsized_file: Some("tokenizer.json".into()),
+    });
+    let dst = tmp.path().join("model");
+    let err = download_with(&config(serve(hub.clone())), "hf://org/tiny", &dst).unwrap_err();
+    assert_eq!(err.code().unwrap().to_string(), "mflow::ckpt::hub::no_size", "{err}");
+    assert!(err.to_string().contains("tokenizer.json"), "{err}");
+    assert_eq!(fetched(&hub), 0);
+    assert!(!dst.exists());
+
+    let hub = Arc::new(Hub { files, wrong_sha: None, truncate_once: Mutex::new(None), seen: Mutex::new(Vec::new()), unsized_file: None });
+    let cfg = HubConfig { max_file_bytes: 1000, ..config(serve(hub.clone())) };
+    let err = download_with(&cfg, "hf://org/tiny", &dst).unwrap_err();
+    assert_eq!(err.code().unwrap().to_string(), "mflow::ckpt::hub::too_large", "{err}");
+    assert!(err.to_string().contains("more than the 1000 accepted"), "{err}");
+    assert_eq!(fetched(&hub), 0);
+    assert!(!dst.exists());
 }
