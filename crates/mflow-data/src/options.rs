@@ -190,7 +190,16 @@ impl Options {
                     }
                 }
             }
-            TokenizerSource::HfFile(p) if !p.is_file() => return Err(OptionsError::TokenizerPath { path: p.clone() }),
+            TokenizerSource::HfFile(p) if !p.is_file() => {
+                return Err(match std::fs::metadata(p) {
+                    // Say what is there: a FIFO or device is never read (it could block).
+                    Ok(m) if !m.is_dir() => {
+                        let message = crate::untrusted::not_regular(m.file_type()).to_string();
+                        TokenizerError::Load { path: p.clone(), message }.into()
+                    }
+                    _ => OptionsError::TokenizerPath { path: p.clone() },
+                })
+            }
             other => other.clone(),
         };
         let encoder = Encoder::load(&source, self.eod.as_deref(), self.add_special_tokens)?;
