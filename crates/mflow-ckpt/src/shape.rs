@@ -124,7 +124,7 @@ impl ModelShape {
                 return Err(CkptError::TooLarge { file: file.into(), key: key.into(), value: value.to_string(), limit });
             }
         }
-        if self.num_attention_heads % self.num_query_groups != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_query_groups) {
             let reason = format!("{} does not divide num_attention_heads = {}", self.num_query_groups, self.num_attention_heads);
             return Err(config_err(file, "num_query_groups", reason));
         }

@@ -127,7 +127,8 @@ fn ten_million_layers_in_the_manifest_fail_fast_in_bounded_memory() {
     let (tmp, dir) = copy_of("shards");
     let manifest = dir.join("mflow-checkpoint.json");
     let pristine_manifest = std::fs::read(&manifest).unwrap();
-    let cases: [(&str, fn(&mut serde_json::Map<String, Value>)); 7] = [
+    type Edit = fn(&mut serde_json::Map<String, Value>);
+    let cases: [(&str, Edit); 7] = [
         ("mflow::ckpt::too_large", |m| m["model"]["num_layers"] = 10_000_000.into()),
         ("mflow::ckpt::count", |m| {
             m["model"]["num_layers"] = 400.into();
