@@ -1,5 +1,13 @@
-//! Local processes. Each attempt runs in its own process group so that a cancel or timeout
-//! reaches every process it started (torchrun's workers included).
+//! Local processes. Each step of an attempt runs in its own process group, and mflow owns
+//! everything it starts: processes that leave the group (`setsid`, double forks, daemons) are
+//! found by the tag they inherit and by ancestry below mflow, the subreaper of its stages
+//! (`owner`). A timeout or cancel reaches all of them; when the main process ends, whatever
+//! is left is killed, and the output pipes are read for a bounded time only.
+
+mod owner;
+mod procfs;
+mod sys;
+mod tree;
 
 use std::fs::File;
 use std::io::Write;
@@ -10,6 +18,10 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+pub use owner::{own as own_processes, Owner};
+pub use procfs::TAG_VAR;
 
 use super::{Cancel, Job, Line, Outcome};
 use crate::exec::retry::FailureClass;
@@ -18,6 +30,13 @@ use crate::exec::retry::FailureClass;
 pub fn grace() -> Duration {
     std::env::var("MFLOW_KILL_GRACE").ok().and_then(|s| s.parse::<f64>().ok()).map(Duration::from_secs_f64).unwrap_or(Duration::from_secs(10))
 }
+
+/// How long the output is read after every process of a step is gone: a process mflow could
+/// not end (another user's) may hold the pipes open for ever.
+const DRAIN: Duration = Duration::from_secs(1);
+
+/// How often a stopping step is looked at for processes still running.
+const POLL: Duration = Duration::from_millis(50);
 
 pub async fn run(job: &Job, lines: mpsc::UnboundedSender<Line>, mut cancel: watch::Receiver<Cancel>) -> Outcome {
     let log = Arc::new(Mutex::new(Log { path: job.log.clone(), file: None }));
@@ -28,6 +47,15 @@ pub async fn run(job: &Job, lines: mpsc::UnboundedSender<Line>, mut cancel: watc
         }
     }
     Outcome::Success
+}
+
+/// Why and when a step is being stopped.
+#[derive(Default)]
+struct Stop {
+    class: Option<FailureClass>,
+    /// When SIGKILL follows the SIGTERM.
+    kill_at: Option<Instant>,
+    killed: bool,
 }
 
 async fn run_step(
@@ -52,7 +80,7 @@ async fn run_step(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    let mut child = match cmd.spawn() {
+    let (mut tree, mut child) = match tree::Tree::spawn(&mut cmd) {
         Ok(c) => c,
         Err(e) => {
             let class = match e.kind() {
@@ -62,8 +90,7 @@ async fn run_step(
             return Outcome::Failed { class, message: format!("cannot start `{program}`: {e}") };
         }
     };
-    let pgid = child.id().map(|p| p as i32);
-    let readers = [
+    let mut readers = [
         tokio::spawn(pump(child.stdout.take().expect("piped"), job.stage.clone(), log.clone(), lines.clone())),
         tokio::spawn(pump(child.stderr.take().expect("piped"), job.stage.clone(), log.clone(), lines.clone())),
     ];
@@ -74,43 +101,77 @@ async fn run_step(
         }
     };
     tokio::pin!(timeout);
-    let mut stopped: Option<FailureClass> = None;
+    let mut stop = Stop::default();
+    let mut cancel_open = true;
     let status = loop {
+        let kill_at = stop.kill_at;
         tokio::select! {
             status = child.wait() => break status,
-            _ = &mut timeout, if stopped.is_none() => {
-                stopped = Some(FailureClass::Timeout);
-                terminate(pgid, Cancel::Graceful, &mut child).await;
+            _ = &mut timeout, if stop.class.is_none() => {
+                stop.class = Some(FailureClass::Timeout);
+                stop.kill_at = Some(Instant::now() + grace());
+                tree.signal(libc::SIGTERM);
             }
-            changed = cancel.changed(), if stopped.is_none() || *cancel.borrow() != Cancel::Immediate => {
-                let level = if changed.is_ok() { *cancel.borrow() } else { Cancel::Immediate };
+            changed = cancel.changed(), if cancel_open => {
+                cancel_open = changed.is_ok();
+                let level = *cancel.borrow();
                 if level != Cancel::None {
-                    stopped = Some(FailureClass::Cancelled);
-                    if level == Cancel::Immediate {
-                        signal_group(pgid, libc::SIGKILL);
-                    } else {
-                        // Escalate while waiting for the grace period to end.
-                        let mut c = cancel.clone();
-                        let pg = pgid;
-                        tokio::spawn(async move {
-                            signal_group(pg, libc::SIGTERM);
-                            tokio::select! {
-                                _ = tokio::time::sleep(grace()) => {}
-                                _ = async { let _ = c.wait_for(|l| *l == Cancel::Immediate).await; } => {}
-                            }
-                            signal_group(pg, libc::SIGKILL);
-                        });
+                    // Detach stops local processes as Graceful does: nothing could reattach to them.
+                    let first = stop.kill_at.is_none();
+                    let at = Instant::now() + if level == Cancel::Immediate { Duration::ZERO } else { grace() };
+                    stop.class = Some(FailureClass::Cancelled);
+                    stop.kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+                    if first && level != Cancel::Immediate {
+                        tree.signal(libc::SIGTERM);
                     }
                 }
             }
+            _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() && !stop.killed => {
+                stop.killed = true;
+                tree.signal(libc::SIGKILL);
+            }
         }
     };
-    // Whatever the main process left behind in its group goes too.
-    signal_group(pgid, libc::SIGKILL);
-    for r in readers {
-        let _ = r.await;
+    tree.main_reaped();
+    // What the main process left running when asked to stop has the rest of the grace period.
+    if let (Some(kill_at), false) = (stop.kill_at, stop.killed) {
+        let mut c = cancel.clone();
+        let immediate = async move {
+            if c.wait_for(|l| *l == Cancel::Immediate).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::pin!(immediate);
+        while tree.alive() {
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = tokio::time::sleep_until(kill_at) => break,
+                _ = &mut immediate => break,
+            }
+        }
     }
-    if let Some(class) = stopped {
+    let left = tree.finish(&|| readers.iter().any(|r| !r.is_finished())).await;
+    drop(tree);
+    let drained = tokio::time::timeout(DRAIN, async {
+        for r in &mut readers {
+            let _ = r.await;
+        }
+    })
+    .await
+    .is_ok();
+    if !drained {
+        for r in &readers {
+            r.abort();
+        }
+        note(job, log, lines, "mflow: stopped reading the stage's output: a process mflow could not end still holds it open".into());
+    }
+    if stop.class.is_none() && !left.is_empty() {
+        let names: Vec<String> = left.iter().take(5).map(|p| format!("`{}` (pid {})", p.name, p.pid)).collect();
+        let more = if left.len() > 5 { format!(" and {} more", left.len() - 5) } else { String::new() };
+        let n = left.len();
+        note(job, log, lines, format!("mflow: ended {n} process{} the stage left running: {}{more}", if n == 1 { "" } else { "es" }, names.join(", ")));
+    }
+    if let Some(class) = stop.class {
         let message = match class {
             FailureClass::Timeout => format!("timed out after {}", humantime::format_duration(job.timeout.unwrap_or_default())),
             _ => "cancelled".to_string(),
@@ -125,6 +186,14 @@ async fn run_step(
         return Outcome::Success;
     }
     classify(job, program, status)
+}
+
+/// A line of mflow's own about the stage, in its log and on the console.
+fn note(job: &Job, log: &Arc<Mutex<Log>>, lines: &mpsc::UnboundedSender<Line>, text: String) {
+    if let Ok(mut f) = log.lock() {
+        f.write(text.as_bytes());
+    }
+    let _ = lines.send(Line { stage: job.stage.clone(), text });
 }
 
 /// `program` as found on the PATH the child gets, looked up once per run: spawning by name
@@ -182,22 +251,6 @@ pub fn read_status(path: &std::path::Path) -> Option<(FailureClass, String)> {
     let class = FailureClass::parse(v.get("class")?.as_str()?)?;
     let message = v.get("message").and_then(|m| m.as_str()).unwrap_or("the stage reported a failure").to_string();
     Some((class, message))
-}
-
-async fn terminate(pgid: Option<i32>, _level: Cancel, child: &mut tokio::process::Child) {
-    signal_group(pgid, libc::SIGTERM);
-    if tokio::time::timeout(grace(), child.wait()).await.is_err() {
-        signal_group(pgid, libc::SIGKILL);
-    }
-}
-
-fn signal_group(pgid: Option<i32>, sig: i32) {
-    if let Some(pg) = pgid {
-        // SAFETY: kill(2) with a negative pid signals a process group; no memory is touched.
-        unsafe {
-            libc::kill(-pg, sig);
-        }
-    }
 }
 
 /// The attempt's log, created with its directory at the first line: a stage that prints nothing

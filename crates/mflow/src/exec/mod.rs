@@ -207,6 +207,8 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
     };
     let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let signals = tokio::spawn(stop_on_signals(cancel_tx, interrupted.clone()));
+    // mflow owns what its stages start, until every stage has ended.
+    let owner = crate::backend::local::own_processes();
 
     let n = shared.plan.stages.len();
     let mut frontier = frontier::Frontier::new(&shared.plan);
@@ -353,6 +355,7 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
         frontier.end(i, end);
     }
     tracing::debug!("every stage ended");
+    drop(owner);
     signals.abort();
     record_writer.abort();
     let _ = record_writer.await;
@@ -397,6 +400,7 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
 /// and leaves, TrainJobs keep running for the next `mflow run` to reattach to. A second signal
 /// of either kind kills local stage processes at once. Returns on the second signal.
 async fn stop_on_signals(cancel: watch::Sender<Cancel>, interrupted: Arc<std::sync::atomic::AtomicBool>) {
+    use std::io::Write;
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup())) else {
         return;
@@ -415,8 +419,22 @@ async fn stop_on_signals(cancel: watch::Sender<Cancel>, interrupted: Arc<std::sy
         if count == 1 && level == Cancel::Detach {
             interrupted.store(true, std::sync::atomic::Ordering::SeqCst);
         }
-        eprintln!("mflow: {say}");
+        // Not eprintln!: after a hangup the terminal is gone, and a failed write must keep
+        // neither the stages from being stopped nor the run from being recorded.
+        if writeln!(std::io::stderr(), "mflow: {say}").is_err() {
+            stderr_to_null();
+        }
         let _ = cancel.send(level);
+    }
+}
+
+/// Points standard error at /dev/null: every later message of the run (the summary, warnings)
+/// would otherwise fail, and `eprintln!` panics when it does.
+fn stderr_to_null() {
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        // SAFETY: dup2(2) on two descriptors that are open; it replaces fd 2 atomically.
+        unsafe { libc::dup2(null.as_raw_fd(), libc::STDERR_FILENO) };
     }
 }
 
