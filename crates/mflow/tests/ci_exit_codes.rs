@@ -90,3 +90,28 @@ fn more_gpus_than_the_machine_has_is_refused_at_plan_time() {
     assert!(stderr(&o).contains("asks for 1000 GPUs"), "{}", stderr(&o));
     assert!(!p.file(".mflow/runs").exists(), "a run started");
 }
+
+#[test]
+fn a_spec_that_is_a_fifo_or_huge_is_refused_without_hanging() {
+    let p = Project::new(OK);
+    let fifo = p.file("fifo.toml");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let mut child = p.cmd(&["plan", "fifo.toml"]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(20) {
+            child.kill().unwrap();
+            panic!("mflow hung on a FIFO spec");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("a FIFO, not a regular file"), "{}", stderr(&o));
+
+    let huge = format!("{OK}# {}\n", "x".repeat(17 << 20));
+    std::fs::write(p.file("huge.toml"), huge).unwrap();
+    let o = p.mflow(&["plan", "huge.toml"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("more than the"), "{}", stderr(&o));
+}

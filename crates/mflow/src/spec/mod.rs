@@ -105,11 +105,14 @@ const TOP: &[&str] = &["pipeline", "vars", "env", "stages", "schedule", "notify"
 
 /// Reads and validates a spec. `overrides` are `--set key=value` arguments. A spec that passed
 /// before, unchanged and with the same overrides, is not checked again (see [`checked`]).
+/// Largest spec mflow reads: a 1000-stage spec is 250 KB, and every run record keeps a copy.
+pub const MAX_SPEC_BYTES: u64 = 16 << 20;
+
 pub fn load(path: &Path, overrides: &[String]) -> Result<Spec, SpecErrors> {
-    let text = std::fs::read_to_string(path).map_err(|source| SpecErrors {
-        path: path.display().to_string(),
-        errors: vec![SpecError::Io { path: path.to_path_buf(), source }],
-    })?;
+    let io_error = |source| SpecErrors { path: path.display().to_string(), errors: vec![SpecError::Io { path: path.to_path_buf(), source }] };
+    // A regular file of bounded size: a FIFO would hang mflow, a huge file fill every record.
+    let bytes = crate::cache::read_regular(path, MAX_SPEC_BYTES).map_err(io_error)?;
+    let text = String::from_utf8(bytes).map_err(|_| io_error(std::io::Error::new(std::io::ErrorKind::InvalidData, "it is not UTF-8 text")))?;
     let dir = spec_dir(path);
     let key = checked::key(path, &dir, &text, overrides);
     if let Some(key) = &key {
