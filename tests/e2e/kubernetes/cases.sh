@@ -260,49 +260,45 @@ env = { MFLOW_E2E_DURATION = "25s" }
 run = ["sh", "-c", "true"]
 '
 
-case_sigkill_then_reattach() {
-  local spec pid
-  spec=$(write_spec sigkill_then_reattach <<<"$SLOW")
+# signal_mid_stage CASE SIGNAL: runs the slow stage of CASE, sends mflow SIGNAL once its pod
+# runs, and prints mflow's exit code (mflow is started directly, so that `$!` is its PID).
+signal_mid_stage() {
+  local spec pid code=0
+  spec=$(write_spec "$1" <<<"$SLOW")
   "$MFLOW_BIN" run "$spec" >"$STATE_DIR/first.out" 2>&1 &
   pid=$!
-  wait_until 60 pod_running sigkill_then_reattach
-  kill -KILL "$pid"
-  wait "$pid" || true
-  expect 0 mf run "$spec"
-  contains "$(attempt_log sigkill_then_reattach slow)" "reattaching to TrainJob"
-  eq "$(trainjobs sigkill_then_reattach)" 1 "TrainJobs (none resubmitted)"
+  wait_until 60 pod_running "$1" >&2
+  kill "-$2" "$pid"
+  wait "$pid" || code=$?
+  cat "$STATE_DIR/first.out" >&2
+  echo "$code"
+}
+
+# The next run reattaches to the one TrainJob and submits nothing.
+rerun_reattaches() {
+  expect 0 mf run "$(case_dir "$1")/spec.toml"
+  contains "$(attempt_log "$1" slow)" "reattaching to TrainJob"
+  eq "$(trainjobs "$1")" 1 "TrainJobs (none resubmitted)"
+}
+
+case_sigkill_then_reattach() {
+  signal_mid_stage sigkill_then_reattach KILL >/dev/null
+  rerun_reattaches sigkill_then_reattach
 }
 
 case_sigterm_detaches_and_reattaches() {
-  local spec pid code=0
-  spec=$(write_spec sigterm_detaches_and_reattaches <<<"$SLOW")
-  "$MFLOW_BIN" run "$spec" >"$STATE_DIR/first.out" 2>&1 &
-  pid=$!
-  wait_until 60 pod_running sigterm_detaches_and_reattaches
-  kill -TERM "$pid"
-  wait "$pid" || code=$?
-  cat "$STATE_DIR/first.out"
-  eq "$code" 143 "exit code after SIGTERM"
-  eq "$(record sigterm_detaches_and_reattaches | jq -r .status)" interrupted
-  eq "$(record sigterm_detaches_and_reattaches | jq -r .stages.slow.status)" interrupted
+  local c=sigterm_detaches_and_reattaches
+  eq "$(signal_mid_stage $c TERM)" 143 "exit code after SIGTERM"
+  eq "$(record $c | jq -r .status)" interrupted
+  eq "$(record $c | jq -r .stages.slow.status)" interrupted
   # The TrainJob is neither deleted nor being deleted.
-  eq "$(kc get trainjobs -l mflow.dev/pipeline=e2e-sigterm-detaches-and-reattaches -o jsonpath='{.items[*].metadata.deletionTimestamp}')" ""
-  eq "$(trainjobs sigterm_detaches_and_reattaches)" 1
-  expect 0 mf run "$spec"
-  contains "$(attempt_log sigterm_detaches_and_reattaches slow)" "reattaching to TrainJob"
-  eq "$(trainjobs sigterm_detaches_and_reattaches)" 1 "TrainJobs (none resubmitted)"
+  eq "$(kc get trainjobs -l "mflow.dev/pipeline=$(pipeline_of $c)" -o jsonpath='{.items[*].metadata.deletionTimestamp}')" ""
+  eq "$(trainjobs $c)" 1
+  rerun_reattaches $c
 }
 
 case_sigint_cancels() {
-  local spec pid code=0
-  spec=$(write_spec sigint_cancels <<<"$SLOW")
-  "$MFLOW_BIN" run "$spec" >"$STATE_DIR/first.out" 2>&1 &
-  pid=$!
-  wait_until 60 pod_running sigint_cancels
-  kill -INT "$pid"
-  wait "$pid" || code=$?
-  cat "$STATE_DIR/first.out"
-  eq "$code" 130 "exit code after SIGINT"
+  eq "$(signal_mid_stage sigint_cancels INT)" 130 "exit code after SIGINT"
   eq "$(record sigint_cancels | jq -r .status)" cancelled
   wait_until 60 test "$(trainjobs sigint_cancels)" -eq 0
 }
