@@ -79,6 +79,15 @@ impl Cluster {
         serde_json::from_slice(&std::fs::read(runs.join(last).join("run.json")).unwrap()).unwrap()
     }
 
+    /// Waits (30 s at most) until attempt 1's log of `stage` contains `text`.
+    async fn wait_for_log(&self, stage: &str, text: &str, failure: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.attempt_log(stage, 1).contains(text) {
+            assert!(Instant::now() < deadline, "{failure}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     fn attempt_log(&self, stage: &str, attempt: u32) -> String {
         let runs = self.workdir().join("runs");
         let Ok(dir) = std::fs::read_dir(&runs) else { return String::new() };
@@ -225,11 +234,7 @@ async fn a_restarted_mflow_reattaches_instead_of_resubmitting() {
 
     let second = cluster.command(&["run", spec.to_str().unwrap()]).spawn().unwrap();
     // Release the stage once the second mflow is attached.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cluster.attempt_log("long", 1).contains("reattaching to TrainJob") {
-        assert!(Instant::now() < deadline, "the second mflow did not reattach");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    cluster.wait_for_log("long", "reattaching to TrainJob", "the second mflow did not reattach").await;
     std::fs::write(&release, "").unwrap();
     let o = tokio::time::timeout(Duration::from_secs(60), second.wait_with_output()).await.unwrap().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -404,11 +409,7 @@ impl Cluster {
     async fn run_and_signal(&self, spec: &Path, signal: i32) -> Output {
         let child = self.command(&["run", spec.to_str().unwrap()]).spawn().unwrap();
         let pid = child.id().unwrap() as i32;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.attempt_log("long", 1).contains("waiting") {
-            assert!(Instant::now() < deadline, "the stage did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.wait_for_log("long", "waiting", "the stage did not start").await;
         // SAFETY: signalling a child this test started.
         unsafe { libc::kill(pid, signal) };
         tokio::time::timeout(Duration::from_secs(30), child.wait_with_output()).await.expect("mflow stopped").unwrap()
@@ -431,11 +432,7 @@ async fn sigterm_leaves_the_trainjob_running_and_the_next_run_reattaches() {
     // The next run reattaches; the line shown before the interruption is not shown again but
     // is in the new attempt log.
     let second = cluster.command(&["run", spec.to_str().unwrap()]).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cluster.attempt_log("long", 1).contains("reattaching to TrainJob") {
-        assert!(Instant::now() < deadline, "the second mflow did not reattach");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    cluster.wait_for_log("long", "reattaching to TrainJob", "the second mflow did not reattach").await;
     std::fs::write(&release, "").unwrap();
     let o = tokio::time::timeout(Duration::from_secs(60), second.wait_with_output()).await.unwrap().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
