@@ -74,6 +74,12 @@ impl KubeBackend {
         self.opts.namespace_or_default()
     }
 
+    /// The API client, for callers that manage their own objects (the driver of a run started
+    /// outside the cluster).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     pub fn options(&self) -> &KubeOptions {
         &self.opts
     }

@@ -69,6 +69,18 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = SchemaFormat::Json)]
         format: SchemaFormat,
     },
+    /// Follow a run started outside the cluster again (its driver in the cluster).
+    Attach {
+        run: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Cancel a run started outside the cluster: its stages stop and their TrainJobs are deleted.
+    Cancel {
+        run: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
     /// List recorded runs.
     Runs {
         #[arg(long, default_value = ".mflow")]
@@ -211,6 +223,20 @@ pub struct RunArgs {
     /// Kubernetes: send every object to the API server as a server-side dry run; runs nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Kubernetes, outside the cluster: start the run and return, printing its id.
+    #[arg(long)]
+    pub detach: bool,
+}
+
+/// Which cluster a run outside it lives in.
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    /// Namespace of the run (default: the kubeconfig context's).
+    #[arg(long, short)]
+    pub namespace: Option<String>,
+    /// Kubeconfig context (default: the current one).
+    #[arg(long)]
+    pub context: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
@@ -310,6 +336,11 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::Success)
         }
+        Command::Attach { run, cluster } => {
+            let rt = runtime()?;
+            rt.block_on(crate::remote::attach(&run, cluster.namespace, cluster.context, Mode::detect(cli.log_format == LogFormat::Json)))
+        }
+        Command::Cancel { run, cluster } => runtime()?.block_on(crate::remote::cancel(&run, cluster.namespace, cluster.context)),
         Command::Runs { workdir } => {
             for id in record::list(&workdir) {
                 if let Some(r) = record::load(&workdir, &id) {
@@ -437,6 +468,15 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
         }
     }
     let env = Environment::detect(s.python.as_deref());
+    if s.pipeline.backend == "kubernetes" && !args.dry_run && crate::remote::needed() {
+        // Outside the cluster: nothing is written here; the engine runs in the cluster.
+        let plan = plan::build(s, &env)?;
+        let mode = Mode::detect(format == LogFormat::Json);
+        return runtime()?.block_on(crate::remote::run(plan, &args, args.detach, mode));
+    }
+    if args.detach {
+        return Err(Error::usage("--detach needs a run started outside the cluster", "it applies to `--backend kubernetes` where the artifact volume is not mounted"));
+    }
     let notify = s.notify.clone();
     let store = crate::cache::Store::open(&s.workdir())?;
     let (log, known) = ahead.join().expect("reading ahead does not panic");
@@ -483,6 +523,10 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
     }
     crate::ci::commands::after_run(&outcome.run_dir, args.junit.as_deref(), args.report.as_deref(), notify.as_ref(), &rt);
     Ok(crate::exit::for_run(r))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::io(Path::new("tokio runtime"), e))
 }
 
 fn dry_run(plan: &plan::Plan, rt: &tokio::runtime::Runtime) -> Result<ExitCode, Error> {

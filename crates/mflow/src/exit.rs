@@ -40,6 +40,12 @@ impl ExitCode {
         }
     }
 
+    /// The code a process exited with, read back (from a driver pod in the cluster).
+    pub fn from_code(code: i32) -> Option<ExitCode> {
+        use ExitCode::*;
+        [Success, StageFailed, Invalid, Infra, GateFailed, Mismatch, Cancelled, Interrupted, Internal].into_iter().find(|c| c.code() == code)
+    }
+
     pub const TABLE: &'static [(i32, &'static str)] = &[
         (0, "success: every stage succeeded or was cached"),
         (1, "a stage failed in its own code (user error or out of memory)"),

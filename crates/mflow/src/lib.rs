@@ -14,6 +14,7 @@ pub mod exec;
 pub mod exit;
 pub mod plan;
 pub mod record;
+pub mod remote;
 pub mod spec;
 pub mod stages;
 

@@ -201,6 +201,11 @@ impl Kubernetes {
         Ok(Kubernetes { kube, layout, workloads: OnceCell::new() })
     }
 
+    /// The connection, for a run started outside the cluster that creates its driver with it.
+    pub fn backend(&self) -> &KubeBackend {
+        &self.kube
+    }
+
     /// Connects without the preflight, for read-only questions such as `mflow plan`'s.
     pub async fn connect_read_only(spec: &Spec) -> Result<KubeBackend, KubernetesError> {
         let k = &spec.pipeline.kubernetes;
@@ -395,10 +400,16 @@ impl Layout {
         let (setting, fallback) = if gpu_image { ("train_image", self.settings.train_image.clone()) } else { ("image", self.settings.image.clone()) };
         let image = info.image.clone().or(fallback).ok_or_else(|| KubernetesError::NoImage { stage: job.stage.clone(), setting: setting.into() })?;
         let steps: Vec<Vec<String>> = job.steps.iter().map(|argv| self.in_image(info.kind, argv)).collect();
-        let command = match steps.as_slice() {
+        let mut command = match steps.as_slice() {
             [one] => one.clone(),
             many => vec!["sh".into(), "-c".into(), many.iter().map(|argv| shell_line(argv)).collect::<Vec<_>>().join(" && ")],
         };
+        // A command stage runs in the spec's directory, as it does locally, where the pods see
+        // that directory (a project on the volume).
+        if info.kind == Kind::Command && job.cwd.starts_with(ARTIFACT_MOUNT) {
+            let cwd = job.cwd.to_string_lossy().to_string();
+            command = ["sh", "-c", "cd \"$0\" && exec \"$@\""].iter().map(|s| s.to_string()).chain([cwd]).chain(command).collect();
+        }
         // The job's PET_* hold its topology as run locally, every rank on one node; on the
         // cluster the ranks split evenly over the stage's nodes (checked when the spec is).
         let pet = |k: &str| job.env.get(k).and_then(|n| n.parse::<u32>().ok()).unwrap_or(1);

@@ -145,7 +145,7 @@ impl Display {
                     self.say(format!("{:>w$} : {msg}", stage, w = self.width));
                 }
             }
-            Mode::Json => self.json(serde_json::json!({"event": "progress", "stage": stage, "done": ev.done, "total": ev.total, "unit": ev.unit, "message": ev.message})),
+            Mode::Json => self.json(serde_json::json!({"event": "progress", "stage": stage, "label": ev.label, "done": ev.done, "total": ev.total, "unit": ev.unit, "message": ev.message, "elapsed_s": elapsed.as_secs_f64()})),
         }
         self.flush();
     }

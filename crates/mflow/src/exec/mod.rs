@@ -104,7 +104,7 @@ pub async fn run(mut plan: Plan, env: Environment, opts: Options) -> Result<RunO
 pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Options, backend: crate::backend::Backend) -> Result<RunOutcome, crate::Error> {
     crate::backend::choose(&mut plan.spec, None);
     let workdir = plan.spec.workdir();
-    let run_id = record::new_run_id();
+    let run_id = record::run_id_for(&workdir);
     let run_dir = record::runs_dir(&workdir).join(&run_id);
     std::fs::create_dir_all(run_dir.join("stages")).map_err(|e| crate::Error::io(&run_dir, e))?;
     std::fs::write(run_dir.join("spec.toml"), plan.spec.source.as_bytes()).map_err(|e| crate::Error::io(&run_dir, e))?;

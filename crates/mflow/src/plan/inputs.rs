@@ -183,9 +183,16 @@ pub fn escapes(path: &Path, root: &Path) -> bool {
     !norm(&abs(path)).starts_with(&norm(&abs(root)))
 }
 
-/// The project directory: the enclosing git work tree, else the spec's directory.
+/// The project directory: the enclosing git work tree, else the spec's directory. A project
+/// uploaded to the artifact volume has no `.git`; its driver names the root in
+/// `MFLOW_PROJECT_ROOT`.
 pub fn project_root(spec_dir: &Path) -> PathBuf {
     let abs = std::fs::canonicalize(spec_dir).unwrap_or_else(|_| spec_dir.to_path_buf());
+    if let Some(root) = std::env::var_os("MFLOW_PROJECT_ROOT").map(PathBuf::from) {
+        if abs.starts_with(&root) {
+            return root;
+        }
+    }
     let mut cur = Some(abs.as_path());
     while let Some(d) = cur {
         if d.join(".git").exists() {

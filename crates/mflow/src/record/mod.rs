@@ -134,6 +134,23 @@ pub fn new_run_id() -> String {
     format!("{}-{:02x}", t.strftime("%Y%m%d-%H%M%S-%3f"), fastrand::u8(..))
 }
 
+/// The id of a new run in `workdir`: `MFLOW_RUN_ID` when a driver started from outside the
+/// cluster names it (`<id>.2`, `<id>.3`, ... when the driver restarted), else a fresh one.
+pub fn run_id_for(workdir: &Path) -> String {
+    let given = std::env::var("MFLOW_RUN_ID").ok().filter(|id| is_run_id(id));
+    let Some(id) = given else { return new_run_id() };
+    let runs = runs_dir(workdir);
+    if !runs.join(&id).exists() {
+        return id;
+    }
+    (2..).map(|n| format!("{id}.{n}")).find(|c| !runs.join(c).exists()).expect("a free restart number")
+}
+
+/// Ids name directories and label values: ASCII letters, digits, `-` and `.`, at most 48.
+pub fn is_run_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 48 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') && !id.starts_with('.')
+}
+
 /// Writes `bytes` to `path` through a temporary file and a rename. Readers see the old or the
 /// new file, never a torn one. No fsync: records are rewritten several times a second, and
 /// only cache commits need to survive a power loss.

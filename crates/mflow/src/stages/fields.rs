@@ -15,6 +15,14 @@ pub const RESOURCES: &[Field] = &[
     opt("memory", Ty::Str, "memory request on Kubernetes, e.g. \"16Gi\""),
 ];
 
+/// The driver Job of a run started outside the cluster (`mflow run` where /mflow is not mounted).
+pub const DRIVER: &[Field] = &[
+    def("service_account", Ty::Str, "\"mflow\"", "service account the driver runs as; it needs mflow's RBAC (`mflow kube rbac`)"),
+    def("restarts", Ty::Int, "3", "how often the driver starts again after an eviction or a node loss; it reattaches to running TrainJobs"),
+    def("host_network", Ty::Bool, "false", "run the driver (and the pod that uploads) in its node's network namespace"),
+    opt("env", Ty::StrMap, "extra environment of the driver, e.g. KUBERNETES_SERVICE_HOST where the API server is reached another way"),
+];
+
 pub const KUBERNETES: &[Field] = &[
     opt("namespace", Ty::Str, "namespace for TrainJobs (default: the kubeconfig's)"),
     opt("context", Ty::Str, "kubeconfig context"),
@@ -24,6 +32,7 @@ pub const KUBERNETES: &[Field] = &[
     def("runtime", Ty::Str, "\"mflow-torch\"", "ClusterTrainingRuntime for GPU stages"),
     def("cpu_runtime", Ty::Str, "\"mflow-cpu\"", "ClusterTrainingRuntime for CPU stages"),
     def("start_timeout", Ty::Duration, "\"15m\"", "how long a TrainJob may wait for its pods to start (Kueue queueing aside) before the attempt fails as infra"),
+    opt("driver", Ty::Table(DRIVER), "the driver Job of a run started outside the cluster"),
 ];
 
 pub const PIPELINE: &[Field] = &[

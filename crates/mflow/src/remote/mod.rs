@@ -1,0 +1,276 @@
+//! Runs started where the artifact volume is not mounted (a laptop, a notebook, a CI runner
+//! with a kubeconfig): the project is uploaded to the volume, the engine runs in the cluster as
+//! a driver Job, and this process follows it with the display of a local run.
+
+pub mod driver;
+mod events;
+mod follow;
+pub mod upload;
+mod volume;
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use miette::Diagnostic;
+use serde_json::Value as Json;
+use thiserror::Error;
+
+use crate::cli::RunArgs;
+use crate::exec::display::{Display, Mode};
+use crate::exit::ExitCode;
+use crate::plan::Plan;
+use follow::End;
+use upload::{Bundle, UploadError};
+use volume::VolumePod;
+
+#[derive(Debug, Error, Diagnostic)]
+pub enum RemoteError {
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Upload(#[from] UploadError),
+    #[error("cannot {what}: {message}")]
+    #[diagnostic(code(mflow::remote::kube), help("check the kubeconfig context and that you may create pods, pods/exec and Jobs in the namespace (`mflow kube rbac --user NAME`)"))]
+    Kube { what: String, message: String },
+    #[error("the image {image} cannot be pulled: {reason}")]
+    #[diagnostic(code(mflow::remote::image), help("set [pipeline.kubernetes] image to an mflow image the cluster can pull (the default is ghcr.io/mflow-dev/mflow-cpu:<version>)"))]
+    Image { image: String, reason: String },
+    #[error("the {what} did not start within 5 minutes: {reason}")]
+    #[diagnostic(code(mflow::remote::not_started), help("check the claim (`kubectl get pvc`: a claim without a default StorageClass stays Pending) and the node's capacity"))]
+    NotStarted { what: String, reason: String },
+    #[error("the volume did not take the upload: {message}")]
+    #[diagnostic(code(mflow::remote::receive), help("check the claim's free space and that the image has sh, tar and mv"))]
+    Receive { message: String },
+    #[error("no run {run} in namespace {namespace}")]
+    #[diagnostic(code(mflow::remote::no_run), help("`kubectl get jobs -l mflow.dev/component=driver` lists the runs started from outside the cluster"))]
+    NoRun { run: String, namespace: String },
+}
+
+impl RemoteError {
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            RemoteError::Upload(_) | RemoteError::Image { .. } | RemoteError::NoRun { .. } => ExitCode::Invalid,
+            _ => ExitCode::Infra,
+        }
+    }
+}
+
+/// Whether this machine sees the artifact volume where the pods do; where it does not, a
+/// kubernetes run goes through a driver.
+pub fn needed() -> bool {
+    !Path::new(mflow_kube::ARTIFACT_MOUNT).is_dir()
+}
+
+fn setting(spec: &crate::spec::Spec, key: &str) -> Option<String> {
+    spec.pipeline.kubernetes.get(key).and_then(Json::as_str).map(str::to_string)
+}
+
+fn driver_setting(spec: &crate::spec::Spec, key: &str) -> Option<Json> {
+    spec.pipeline.kubernetes.get("driver")?.get(key).cloned()
+}
+
+fn names(plan: &Plan) -> Vec<String> {
+    plan.stages.iter().map(|s| s.spec.name.clone()).collect()
+}
+
+/// `mflow run SPEC --backend kubernetes` from outside the cluster.
+pub async fn run(plan: Plan, args: &RunArgs, detach: bool, mode: Mode) -> Result<ExitCode, crate::Error> {
+    let fail = |e: RemoteError| {
+        let code = e.exit_code();
+        eprintln!("{:?}", miette::Report::new(e));
+        Ok(code)
+    };
+    // The preflight of a run in the cluster: Trainer, rights, runtimes, the claim.
+    let kube = match crate::backend::kubernetes::Kubernetes::connect(&plan).await {
+        Ok(k) => k,
+        Err(e) => {
+            let code = if e.class() == crate::exec::retry::FailureClass::User { ExitCode::Invalid } else { ExitCode::Infra };
+            eprintln!("{:?}", miette::Report::new(e));
+            return Ok(code);
+        }
+    };
+    let client = kube.backend().client().clone();
+    let namespace = kube.backend().namespace().to_string();
+    let spec = &plan.spec;
+    let pvc = setting(spec, "pvc").unwrap_or_else(|| mflow_kube::DEFAULT_PVC.into());
+    let image = setting(spec, "image").unwrap_or_else(|| crate::backend::kubernetes::DEFAULT_IMAGE.into());
+    let bundle = match Bundle::of(&plan) {
+        Ok(b) => b,
+        Err(e) => return fail(e.into()),
+    };
+    let host_network = driver_setting(spec, "host_network").and_then(|v| v.as_bool()).unwrap_or(false);
+    if let Err(e) = upload(&bundle, client.clone(), &namespace, &pvc, &image, host_network).await {
+        return fail(e);
+    }
+    let run = crate::record::new_run_id();
+    let d = driver::DriverSpec {
+        run: run.clone(),
+        pipeline: spec.pipeline.name.clone(),
+        image,
+        pvc,
+        service_account: driver_setting(spec, "service_account").and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "mflow".into()),
+        project: bundle.tree_dir(),
+        spec: bundle.spec.clone(),
+        overrides: args.set.clone(),
+        jobs: args.jobs,
+        force: args.force.clone(),
+        verify: args.verify,
+        restarts: driver_setting(spec, "restarts").and_then(|v| v.as_i64()).map(|n| n.clamp(0, 100) as i32).unwrap_or(driver::DEFAULT_RESTARTS),
+        host_network,
+        env: driver_setting(spec, "env")
+            .and_then(|v| v.as_object().cloned())
+            .map(|m| m.into_iter().filter_map(|(k, v)| Some((k, v.as_str()?.to_string()))).collect())
+            .unwrap_or_default(),
+    };
+    let jobs: kube::Api<k8s_openapi::api::batch::v1::Job> = kube::Api::namespaced(client.clone(), &namespace);
+    if let Err(e) = jobs.create(&Default::default(), &driver::job(&d)).await {
+        return fail(RemoteError::Kube { what: "create the driver Job".into(), message: mflow_kube::describe(&e) });
+    }
+    eprintln!("run {run}: driver job/{} in namespace {namespace}", driver::job_name(&run));
+    if detach {
+        println!("{run}");
+        eprintln!("`mflow attach {run}` follows it, `mflow cancel {run}` stops it");
+        return Ok(ExitCode::Success);
+    }
+    let mut display = Display::new(mode, &names(&plan));
+    follow_or_detach(client, &namespace, &run, &mut display).await
+}
+
+/// Sends what the volume lacks; says what it sent.
+async fn upload(bundle: &Bundle, client: kube::Client, namespace: &str, pvc: &str, image: &str, host_network: bool) -> Result<(), RemoteError> {
+    let pod = VolumePod::ensure(client, namespace, pvc, image, host_network).await?;
+    let probe = pod.sh(&bundle.probe_script(), None).await?;
+    let listed = String::from_utf8_lossy(&probe.stdout).to_string();
+    let mut lines = listed.lines().peekable();
+    if lines.peek() == Some(&"tree") {
+        eprintln!("upload: nothing to send, the project is on the volume ({} files)", bundle.files.len());
+        return Ok(());
+    }
+    let present: HashSet<String> = lines.map(str::to_string).collect();
+    let missing: Vec<upload::File> = bundle.missing(&present).into_iter().cloned().collect();
+    let max = std::env::var("MFLOW_UPLOAD_MAX_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(upload::DEFAULT_MAX_BYTES);
+    let total = Bundle::check_size(&missing.iter().collect::<Vec<_>>(), max)?;
+    let bar = indicatif::ProgressBar::new(total);
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        bar.set_style(indicatif::ProgressStyle::with_template("upload [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}").expect("a valid template"));
+    } else {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let nonce = format!("{:016x}", fastrand::u64(..));
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let stream = {
+        let (bundle_files, spec, sent, bar) = (bundle.files.clone(), bundle.spec.clone(), sent.clone(), bar.clone());
+        let nonce = nonce.clone();
+        Box::new(move |w: &mut dyn std::io::Write| {
+            let b = Bundle::new(bundle_files, spec);
+            let refs: Vec<&upload::File> = missing.iter().collect();
+            let r = b.write_tar(&refs, &nonce, bar.wrap_write(w));
+            let failed = r.is_err();
+            *sent.lock().unwrap() = Some(r);
+            if failed { Err(std::io::Error::other("upload stream")) } else { Ok(()) }
+        }) as Box<dyn FnOnce(&mut dyn std::io::Write) -> std::io::Result<()> + Send>
+    };
+    let out = pod.sh(&bundle.receive_script(&nonce), Some(stream)).await;
+    bar.finish_and_clear();
+    if let Some(Err(e)) = sent.lock().unwrap().take() {
+        return Err(e.into());
+    }
+    let out = out?;
+    if !out.success {
+        return Err(RemoteError::Receive { message: out.stderr });
+    }
+    eprintln!("upload: sent {} of {} files ({})", present_count(bundle, &present), bundle.files.len(), upload::human(total));
+    Ok(())
+}
+
+fn present_count(bundle: &Bundle, present: &HashSet<String>) -> usize {
+    bundle.files.iter().filter(|f| !present.contains(&f.digest)).count()
+}
+
+/// Follows a driver to its end; Ctrl-C leaves it running and says how to come back.
+async fn follow_or_detach(client: kube::Client, namespace: &str, run: &str, display: &mut Display) -> Result<ExitCode, crate::Error> {
+    let end = tokio::select! {
+        end = follow::follow(client, namespace, run, display) => end,
+        _ = tokio::signal::ctrl_c() => {
+            display.finish();
+            eprintln!("detached: run {run} goes on in the cluster; `mflow attach {run}` follows it again, `mflow cancel {run}` stops it");
+            return Ok(ExitCode::Interrupted);
+        }
+    };
+    Ok(match end {
+        Ok(End::Exited(code)) => code,
+        Ok(End::RestartsRanOut(why)) => {
+            eprintln!("mflow: the driver of run {run} was stopped (eviction or node loss) more often than its restarts allow: {why}");
+            eprintln!("  help: `mflow run` again reattaches to the TrainJobs still running; [pipeline.kubernetes.driver] restarts allows more");
+            ExitCode::Infra
+        }
+        Ok(End::NotMflow(why)) => {
+            eprintln!("mflow: the driver of run {run} did not start mflow: {why}");
+            eprintln!("  help: [pipeline.kubernetes] image must be an mflow image (mflow on its PATH) of this version");
+            ExitCode::Infra
+        }
+        Err(e) => {
+            let code = e.exit_code();
+            eprintln!("{:?}", miette::Report::new(e));
+            code
+        }
+    })
+}
+
+async fn connect(namespace: Option<String>, context: Option<String>) -> Result<mflow_kube::KubeBackend, crate::Error> {
+    let opts = mflow_kube::KubeOptions { namespace, context, ..Default::default() };
+    mflow_kube::KubeBackend::connect(opts).await.map_err(|e| crate::Error::usage(e.to_string(), "check KUBECONFIG and the context"))
+}
+
+/// `mflow attach RUN`.
+pub async fn attach(run: &str, namespace: Option<String>, context: Option<String>, mode: Mode) -> Result<ExitCode, crate::Error> {
+    let kube = connect(namespace, context).await?;
+    let mut display = Display::new(mode, &[]);
+    follow_or_detach(kube.client().clone(), kube.namespace(), run, &mut display).await
+}
+
+/// `mflow cancel RUN`: the driver's engine hears SIGINT, as at a terminal, deletes its
+/// TrainJobs and records the run as cancelled; a driver that is not running is deleted.
+pub async fn cancel(run: &str, namespace: Option<String>, context: Option<String>) -> Result<ExitCode, crate::Error> {
+    use k8s_openapi::api::core::v1::Pod;
+    let kube = connect(namespace, context).await?;
+    let ns = kube.namespace().to_string();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(kube.client().clone(), &ns);
+    let jobs: kube::Api<k8s_openapi::api::batch::v1::Job> = kube::Api::namespaced(kube.client().clone(), &ns);
+    let name = driver::job_name(run);
+    let err = |what: &str, e: kube::Error| crate::Error::usage(format!("cannot {what}: {}", mflow_kube::describe(&e)), "check the rights on pods/exec and Jobs in the namespace");
+    if jobs.get_opt(&name).await.map_err(|e| err("read the driver Job", e))?.is_none() {
+        let e = RemoteError::NoRun { run: run.into(), namespace: ns };
+        eprintln!("{:?}", miette::Report::new(e));
+        return Ok(ExitCode::Invalid);
+    }
+    let listed = pods.list(&kube::api::ListParams::default().labels(&format!("job-name={name}"))).await.map_err(|e| err("list the driver's pods", e))?;
+    let running = listed.items.iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && p.metadata.deletion_timestamp.is_none());
+    if let Some(p) = running {
+        let pod = p.metadata.name.clone().unwrap_or_default();
+        let ap = kube::api::AttachParams::default().container(driver::CONTAINER).stdout(false).stderr(false);
+        let mut proc = pods.exec(&pod, ["sh", "-c", "kill -INT 1"], &ap).await.map_err(|e| err("signal the driver", e))?;
+        let _ = proc.take_status().map(|s| async { s.await });
+        let _ = proc.join().await;
+        eprintln!("run {run}: cancelling (the driver stops its stages and deletes their TrainJobs)");
+        let mut display = Display::new(Mode::detect(false), &[]);
+        let end = tokio::time::timeout(std::time::Duration::from_secs(180), follow::follow(kube.client().clone(), &ns, run, &mut display)).await;
+        return Ok(match end {
+            Ok(Ok(End::Exited(ExitCode::Cancelled))) => {
+                eprintln!("run {run} cancelled");
+                ExitCode::Success
+            }
+            Ok(Ok(End::Exited(code))) if code != ExitCode::Cancelled => {
+                eprintln!("run {run} ended before the cancel took effect (exit {})", code.code());
+                ExitCode::Success
+            }
+            _ => {
+                eprintln!("mflow: run {run} did not end within 3 minutes of the cancel");
+                ExitCode::Infra
+            }
+        });
+    }
+    let dp = kube::api::DeleteParams { propagation_policy: Some(kube::api::PropagationPolicy::Background), ..Default::default() };
+    jobs.delete(&name, &dp).await.map_err(|e| err("delete the driver Job", e))?;
+    eprintln!("run {run}: its driver was not running; job/{name} deleted");
+    Ok(ExitCode::Success)
+}

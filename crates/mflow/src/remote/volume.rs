@@ -1,0 +1,205 @@
+//! A short-lived pod that mounts the artifact claim, for what a machine outside the cluster
+//! must do on the volume: upload a project, read run records and outputs. Commands run in it
+//! through exec, as `kubectl cp` does.
+
+use std::time::{Duration, Instant};
+
+use futures::{AsyncBufReadExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::{Container, PersistentVolumeClaimVolumeSource, Pod, PodSpec, Volume as PodVolume, VolumeMount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, AttachParams, ListParams, PostParams};
+use tokio::io::AsyncReadExt;
+
+use super::RemoteError;
+
+/// How long a volume pod lives; commands reuse it until then.
+const LIFETIME_S: i64 = 3600;
+/// A pod this close to its deadline is not reused.
+const REUSE_MARGIN_S: i64 = 600;
+
+pub struct VolumePod {
+    pods: Api<Pod>,
+    pub name: String,
+}
+
+/// What a command in the pod printed, and how it ended.
+pub struct Output {
+    pub stdout: Vec<u8>,
+    pub stderr: String,
+    pub success: bool,
+}
+
+impl VolumePod {
+    /// A running volume pod of this image and claim: an existing one, else a new one.
+    pub async fn ensure(client: kube::Client, namespace: &str, pvc: &str, image: &str, host_network: bool) -> Result<VolumePod, RemoteError> {
+        let pods: Api<Pod> = Api::namespaced(client, namespace);
+        let call = |verb: &'static str| move |e: kube::Error| RemoteError::Kube { what: format!("{verb} the volume pod"), message: mflow_kube::describe(&e) };
+        let listed = pods.list(&ListParams::default().labels("mflow.dev/component=volume")).await.map_err(call("list"))?;
+        let now = k8s_openapi::jiff::Timestamp::now();
+        for p in listed.items {
+            let fresh = p.metadata.creation_timestamp.as_ref().is_some_and(|t| now.as_second() - t.0.as_second() < LIFETIME_S - REUSE_MARGIN_S);
+            let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && p.metadata.deletion_timestamp.is_none();
+            let same = p.spec.as_ref().is_some_and(|s| {
+                s.containers.first().and_then(|c| c.image.as_deref()) == Some(image)
+                    && s.volumes.iter().flatten().any(|v| v.persistent_volume_claim.as_ref().is_some_and(|c| c.claim_name == pvc))
+            });
+            if fresh && running && same {
+                return Ok(VolumePod { pods, name: p.metadata.name.unwrap_or_default() });
+            }
+        }
+        let name = format!("mflow-volume-{:08x}", fastrand::u32(..));
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([("app.kubernetes.io/managed-by", "mflow"), ("mflow.dev/component", "volume")].into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                restart_policy: Some("Never".into()),
+                active_deadline_seconds: Some(LIFETIME_S),
+                termination_grace_period_seconds: Some(1),
+                host_network: host_network.then_some(true),
+                containers: vec![Container {
+                    name: "volume".into(),
+                    image: Some(image.to_string()),
+                    command: Some(vec!["sleep".into(), LIFETIME_S.to_string()]),
+                    working_dir: Some(mflow_kube::ARTIFACT_MOUNT.into()),
+                    volume_mounts: Some(vec![VolumeMount { name: "artifacts".into(), mount_path: mflow_kube::ARTIFACT_MOUNT.into(), ..Default::default() }]),
+                    ..Default::default()
+                }],
+                volumes: Some(vec![PodVolume {
+                    name: "artifacts".into(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: pvc.to_string(), read_only: None }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        pods.create(&PostParams::default(), &pod).await.map_err(call("create"))?;
+        let vp = VolumePod { pods, name };
+        vp.wait_running(image, pvc).await?;
+        Ok(vp)
+    }
+
+    async fn wait_running(&self, image: &str, pvc: &str) -> Result<(), RemoteError> {
+        let t0 = Instant::now();
+        let mut last = String::new();
+        while t0.elapsed() < Duration::from_secs(300) {
+            let p = self.pods.get(&self.name).await.map_err(|e| RemoteError::Kube { what: "read the volume pod".into(), message: mflow_kube::describe(&e) })?;
+            let status = p.status.unwrap_or_default();
+            if status.phase.as_deref() == Some("Running") {
+                return Ok(());
+            }
+            for c in status.container_statuses.iter().flatten() {
+                if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) {
+                    let reason = w.reason.clone().unwrap_or_default();
+                    if matches!(reason.as_str(), "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName" | "ErrImageNeverPull") {
+                        let _ = self.delete().await;
+                        return Err(RemoteError::Image { image: image.to_string(), reason: format!("{reason}: {}", w.message.clone().unwrap_or_default()) });
+                    }
+                    if reason != last {
+                        eprintln!("volume pod {}: {reason}", self.name);
+                    }
+                    last = reason;
+                }
+            }
+            if let Some(c) = status.conditions.iter().flatten().find(|c| c.type_ == "PodScheduled" && c.status == "False") {
+                last = c.message.clone().unwrap_or_else(|| "unschedulable".into());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let _ = self.delete().await;
+        let reason = if last.is_empty() { "not scheduled".to_string() } else { last };
+        Err(RemoteError::NotStarted { what: format!("volume pod {} (claim {pvc})", self.name), reason })
+    }
+
+    pub async fn delete(&self) -> Result<(), kube::Error> {
+        self.pods.delete(&self.name, &Default::default()).await.map(|_| ())
+    }
+
+    /// Runs `sh -c script` in the pod; `stdin`, when given, is written by the callback from a
+    /// blocking thread (a tar stream is written with `std::io::Write`).
+    pub async fn sh(&self, script: &str, stdin: Option<Box<dyn FnOnce(&mut dyn std::io::Write) -> std::io::Result<()> + Send>>) -> Result<Output, RemoteError> {
+        let ap = AttachParams::default().container("volume").stdin(stdin.is_some()).stdout(true).stderr(true);
+        let mut proc = self
+            .pods
+            .exec(&self.name, ["sh", "-c", script], &ap)
+            .await
+            .map_err(|e| RemoteError::Kube { what: format!("exec in the volume pod {}", self.name), message: mflow_kube::describe(&e) })?;
+        let status = proc.take_status();
+        let mut stdout = proc.stdout().expect("stdout was requested");
+        let mut stderr = proc.stderr().expect("stderr was requested");
+        let writer = match (stdin, proc.stdin()) {
+            (Some(write), Some(w)) => Some(tokio::task::spawn_blocking(move || {
+                let mut sync = tokio_util::io::SyncIoBridge::new(w);
+                let r = write(&mut sync);
+                let _ = std::io::Write::flush(&mut sync);
+                let _ = sync.shutdown();
+                r
+            })),
+            _ => None,
+        };
+        let out = async {
+            let mut b = Vec::new();
+            stdout.read_to_end(&mut b).await.map(|_| b)
+        };
+        let err = async {
+            let mut b = Vec::new();
+            stderr.read_to_end(&mut b).await.map(|_| b)
+        };
+        let (out, err) = tokio::join!(out, err);
+        let sent = match writer {
+            Some(h) => h.await.map_err(|e| std::io::Error::other(e.to_string())).and_then(|r| r),
+            None => Ok(()),
+        };
+        let st = match status {
+            Some(s) => s.await,
+            None => None,
+        };
+        let _ = proc.join().await;
+        let stderr = String::from_utf8_lossy(&err.unwrap_or_default()).trim().to_string();
+        if let Err(e) = sent {
+            return Err(RemoteError::Kube { what: "send the upload stream".into(), message: if stderr.is_empty() { e.to_string() } else { format!("{e}: {stderr}") } });
+        }
+        let success = st.as_ref().is_some_and(|s| s.status.as_deref() == Some("Success"));
+        Ok(Output { stdout: out.unwrap_or_default(), stderr, success })
+    }
+
+    /// Streams `sh -c script`'s stdout line by line to `each`; the exit status is the result.
+    pub async fn sh_lines(&self, script: &str, mut each: impl FnMut(&str)) -> Result<bool, RemoteError> {
+        let ap = AttachParams::default().container("volume").stdout(true).stderr(false);
+        let mut proc = self
+            .pods
+            .exec(&self.name, ["sh", "-c", script], &ap)
+            .await
+            .map_err(|e| RemoteError::Kube { what: format!("exec in the volume pod {}", self.name), message: mflow_kube::describe(&e) })?;
+        let status = proc.take_status();
+        let stdout = proc.stdout().expect("stdout was requested");
+        let mut lines = tokio::io::BufReader::new(stdout);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut line).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => each(line.trim_end_matches('\n')),
+            }
+        }
+        let st = match status {
+            Some(s) => s.await,
+            None => None,
+        };
+        Ok(st.as_ref().is_some_and(|s| s.status.as_deref() == Some("Success")))
+    }
+}
+
+/// Lines of a pod's log as they come, until the container ends.
+pub async fn follow_log(pods: &Api<Pod>, name: &str, container: &str, mut each: impl FnMut(&str)) -> Result<(), kube::Error> {
+    let lp = kube::api::LogParams { follow: true, container: Some(container.to_string()), ..Default::default() };
+    let stream = pods.log_stream(name, &lp).await?;
+    let mut lines = stream.lines();
+    while let Some(line) = lines.try_next().await.map_err(|e| kube::Error::Service(Box::new(e)))? {
+        each(&line);
+    }
+    Ok(())
+}
