@@ -379,7 +379,7 @@ fn entries_the_log_does_not_vouch_for_are_set_aside_never_deleted() {
 #[test]
 fn a_commit_error_names_the_file_and_its_cause() {
     // The stage puts a directory where the log is, after the run checked it.
-    let spec = chain("").replace("echo a-${vars.v} > $MFLOW_OUTPUT/out", "echo a > $MFLOW_OUTPUT/out; L=$MFLOW_OUTPUT/../../.manifests.jsonl; rm -rf $L; mkdir -p $L");
+    let spec = chain("").replace("echo a-${vars.v} > $MFLOW_OUTPUT/out", "echo a > $MFLOW_OUTPUT/out; L=$MFLOW_OUTPUT/../../../.manifests.jsonl; rm -rf $L; mkdir -p $L");
     let p = Project::new(&spec);
     let o = mflow(&p, &["run", "spec.toml"]);
     assert_ne!(code(&o), 0);

@@ -115,6 +115,10 @@ pub struct GcReport {
 /// runs uses.
 pub fn gc(workdir: &Path, keep_runs: usize, dry_run: bool, wait: bool) -> Result<GcReport, CacheError> {
     let Some(mut ex) = Exclusive::take(workdir, wait, !dry_run)? else { return Ok(GcReport::default()) };
+    if !dry_run {
+        // No run is live: whatever is staged is left over.
+        super::staging::sweep(&ex.root, true);
+    }
     // Read under the lock: no run can be live, so every record that counts is complete.
     let ids = record::list(workdir);
     let keep: BTreeSet<String> = ids

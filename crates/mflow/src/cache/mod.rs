@@ -13,6 +13,7 @@ mod files;
 pub mod key;
 mod maintain;
 mod manifests;
+mod staging;
 pub mod workdir;
 
 pub use dir::{FileStat, OpenDir};
@@ -43,6 +44,9 @@ pub enum CacheError {
     #[error("{op} {}: {cause}", path.display())]
     #[diagnostic(code(mflow::cache::not_regular), help("mflow keeps a regular file there: move what is in its place elsewhere"))]
     NotRegular { op: &'static str, path: PathBuf, cause: io::Error },
+    #[error("stage output file name {name} is not valid UTF-8 (shown escaped)")]
+    #[diagnostic(code(mflow::cache::file_name), help("name output files in UTF-8: the manifest and the lockfile record names as text"))]
+    NotUtf8 { name: String },
     #[error("stage output contains {}, which is not a regular file or directory", path.display())]
     #[diagnostic(code(mflow::cache::file_type), help("write plain files and directories under $MFLOW_OUTPUT; copy instead of linking"))]
     FileType { path: PathBuf },
@@ -172,12 +176,17 @@ impl Store {
     pub fn open(workdir: &Path) -> Result<Store, CacheError> {
         workdir::claim(workdir)?;
         let root = workdir.join("cache");
-        for d in [root.join(".staging"), root.join(".trash")] {
+        for d in [root.join(staging::DIR), root.join(".trash")] {
             fs::create_dir_all(&d).map_err(io_err("cannot create", &d))?;
         }
         let lock = root.join(LOCK);
         let live = files::open(&lock, fs::OpenOptions::new().read(true).write(true).create(true)).map_err(io_err("cannot open the lock file", &lock))?;
         hold_live(&live, workdir).map_err(io_err("cannot lock", &lock))?;
+        // Leftovers of attempts that are over; names of no key only while no other run is live.
+        if staging::sweep(&root, false) > 0 && ofd_lock(&live, libc::F_WRLCK, LIVE, 1, false).unwrap_or(false) {
+            staging::sweep(&root, true);
+            ofd_lock(&live, libc::F_RDLCK, LIVE, 1, false).map_err(io_err("cannot lock", &lock))?;
+        }
         let log = manifests::Log::new(root.join(LOG));
         // A run appends to the log: a FIFO, a directory or an unreadable file there is reported
         // before any stage runs rather than at the first commit.
@@ -347,21 +356,27 @@ impl Store {
         Ok(())
     }
 
-    /// A fresh staging directory for `key`, which becomes the entry (the stage writes into it);
-    /// stale ones of the same key (from a killed run) and their report files are removed
-    /// first. Call with the key's lock held.
+    /// A fresh staging directory for `key`, which becomes the entry (the stage writes into it),
+    /// inside a directory of the attempt (`staging`); stale ones of the same key (from a killed
+    /// run) are removed first. Call with the key's lock held.
     pub fn stage(&self, key: &str, run_id: &str) -> Result<PathBuf, CacheError> {
-        let staging = self.root.join(".staging");
-        if let Ok(rd) = fs::read_dir(&staging) {
+        let area = self.root.join(staging::DIR);
+        if let Ok(rd) = fs::read_dir(&area) {
             for e in rd.flatten() {
-                if e.file_name().to_string_lossy().starts_with(&format!("{key}.")) {
-                    let _ = fs::remove_dir_all(e.path());
+                if e.file_name().as_encoded_bytes().starts_with(format!("{key}.").as_bytes()) {
+                    let _ = staging::remove(&e.path());
                 }
             }
         }
-        let dir = staging.join(format!("{key}.{run_id}"));
+        let dir = staging::output(&self.root, key, run_id);
         fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
         Ok(dir)
+    }
+
+    /// The attempt directory of a staged output from `stage`: what the stage may write beside
+    /// its output, and what `discard` and a commit remove.
+    pub fn attempt_dir<'a>(&self, staging: &'a Path) -> &'a Path {
+        staging::attempt_of(&self.root, staging).unwrap_or(staging)
     }
 
     /// Records the manifest of `staging` and renames it into place. Call with the key's lock
@@ -372,6 +387,13 @@ impl Store {
 
     /// Hashes a listed output and commits it.
     pub fn commit_listed(&self, staged: Staged, key: &str, stage: &str) -> Result<Manifest, CacheError> {
+        let result = self.commit_staged(&staged, key, stage);
+        // The output was moved into place or is not needed; the rest of the attempt goes.
+        self.discard(&staged.dir);
+        result
+    }
+
+    fn commit_staged(&self, staged: &Staged, key: &str, stage: &str) -> Result<Manifest, CacheError> {
         let staging = staged.dir.as_path();
         let files = staged.hash()?;
         let manifest = Manifest { version: 1, key: key.to_string(), stage: stage.to_string(), digest: digest_of(&files), files };
@@ -416,8 +438,9 @@ impl Store {
         log.compact(|key| self.output_dir(key).is_dir()).map_err(io_err("cannot rewrite the manifest log", log.path()))
     }
 
+    /// Removes a staged output and everything else of its attempt.
     pub fn discard(&self, staging: &Path) {
-        let _ = fs::remove_dir_all(staging);
+        let _ = staging::remove(self.attempt_dir(staging));
     }
 
     /// Moves an entry out of the way, then deletes it.
@@ -582,8 +605,10 @@ fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), CacheError
         if ft.is_dir() {
             walk(base, &path, out)?;
         } else if ft.is_file() {
-            let rel = path.strip_prefix(base).expect("under base").to_string_lossy().replace('\\', "/");
-            out.push(rel);
+            let rel = path.strip_prefix(base).expect("under base");
+            // Manifests and lockfiles hold names as text: a lossy name would not match the file.
+            let rel = rel.to_str().ok_or_else(|| CacheError::NotUtf8 { name: format!("{:?}", rel.as_os_str()) })?;
+            out.push(rel.replace('\\', "/"));
         } else {
             return Err(CacheError::FileType { path });
         }

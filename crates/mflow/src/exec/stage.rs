@@ -98,14 +98,15 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
         let log = stage_dir.join(format!("attempt-{attempt}.log"));
         // The files a stage may write about itself go next to its staging directory, which
         // exists already, and move to the run record afterwards (`keep_reports`).
-        let status_file = report_path(&staging, REPORTS[0]);
-        let progress_file = report_path(&staging, REPORTS[1]);
+        let reports = sh.store.attempt_dir(&staging).to_path_buf();
+        let status_file = report_path(&reports, REPORTS[0]);
+        let progress_file = report_path(&reports, REPORTS[1]);
         let mut env = plan.env.clone();
         env.extend(st.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.insert("MFLOW_OUTPUT".into(), out.display().to_string());
         env.insert("MFLOW_SCRATCH".into(), scratch.display().to_string());
         env.insert("MFLOW_PROGRESS".into(), progress_file.display().to_string());
-        env.insert("MFLOW_METRICS".into(), report_path(&staging, METRICS).display().to_string());
+        env.insert("MFLOW_METRICS".into(), report_path(&reports, METRICS).display().to_string());
         env.insert("MFLOW_STATUS".into(), status_file.display().to_string());
         env.insert("MFLOW_ATTEMPT".into(), attempt.to_string());
         env.insert("MFLOW_STAGE".into(), name.clone());
@@ -136,7 +137,7 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
         let mut outcome = sh.backend.run(&job, sh.lines.clone(), sh.cancel.clone()).await;
         watcher.abort();
         let reported = read_json(&status_file);
-        keep_reports(&staging, &stage_dir, attempt);
+        keep_reports(&reports, &stage_dir, attempt);
         let after = reported.as_ref().and_then(|v| v.get("checkpoint_iteration")).and_then(Json::as_u64).or(before);
         let resumed_from = reported.as_ref().and_then(|v| v.get("resumed_from")).and_then(Json::as_u64);
         if let Some(a) = after {
@@ -187,8 +188,8 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
                     Ok(m) => m,
                     Err(e) => {
                         sh.store.discard(&staging);
-                        // A link or a FIFO in the output is the stage's doing, and fails every time.
-                        let class = if matches!(e, crate::cache::CacheError::FileType { .. }) { FailureClass::User } else { FailureClass::Infra };
+                        // A link, a FIFO or a name not in UTF-8 in the output is the stage's doing, and fails every time.
+                        let class = if matches!(e, crate::cache::CacheError::FileType { .. } | crate::cache::CacheError::NotUtf8 { .. }) { FailureClass::User } else { FailureClass::Infra };
                         return fail(sh, &name, class, e.to_string()).await;
                     }
                 };
@@ -263,21 +264,18 @@ const REPORTS: [&str; 3] = ["status.json", "progress.jsonl", METRICS];
 /// The one report kept across attempts (appended to) rather than per attempt.
 const METRICS: &str = "metrics.jsonl";
 
-/// Where a stage writes report `name` while its output is staged in `staging`:
-/// `<staging>.<name>`, which the staging of the key's next attempt clears if it is left over.
-fn report_path(staging: &std::path::Path, name: &str) -> PathBuf {
-    let mut path = staging.as_os_str().to_owned();
-    path.push(".");
-    path.push(name);
-    PathBuf::from(path)
+/// Where a stage writes report `name`: in its attempt's directory `reports`, beside the
+/// output, so that it goes with the attempt.
+fn report_path(reports: &std::path::Path, name: &str) -> PathBuf {
+    reports.join(name)
 }
 
 /// Moves the files the stage wrote about itself from next to its staging directory to the run record:
 /// `attempt-N.status.json`, `attempt-N.progress.jsonl`, and `metrics.jsonl` (appended to across
 /// attempts).
-fn keep_reports(staging: &std::path::Path, stage_dir: &std::path::Path, attempt: u32) {
+fn keep_reports(reports: &std::path::Path, stage_dir: &std::path::Path, attempt: u32) {
     for name in REPORTS {
-        let from = report_path(staging, name);
+        let from = report_path(reports, name);
         if !from.exists() {
             continue;
         }

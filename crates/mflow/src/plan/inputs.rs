@@ -19,6 +19,12 @@ pub enum InputError {
     #[error("stage `{stage}`: input `{pattern}` leaves the project directory {}", root.display())]
     #[diagnostic(code(mflow::plan::input_escapes), help("keep relative inputs inside the project, or give an absolute path"))]
     Escapes { stage: String, pattern: String, root: PathBuf },
+    #[error("stage `{stage}`: input `{}` is a symbolic link to {}, outside the project directory {}", link.display(), target.display(), root.display())]
+    #[diagnostic(
+        code(mflow::plan::input_link_escapes),
+        help("copy the file into the project, or give its absolute path in `inputs` if the stage is meant to read it there")
+    )]
+    LinkEscapes { stage: String, link: PathBuf, target: PathBuf, root: PathBuf },
     #[error("stage `{stage}`: invalid input pattern `{pattern}`: {reason}")]
     #[diagnostic(code(mflow::plan::input_pattern))]
     Pattern { stage: String, pattern: String, reason: String },
@@ -88,16 +94,27 @@ impl InputHasher {
                 return Err(InputError::Escapes { stage: stage.into(), pattern: pattern.clone(), root: root.to_path_buf() });
             }
             let full = base.join(p);
+            // An absolute path outside the project is the user's choice, links on the way included.
+            let explicit = p.is_absolute() && escapes(&full, root);
+            let mut links = Links { stage, base, root, parents: HashMap::new(), scope: None };
             let mut files = Vec::new();
+            let mut add = |entry: &Path, links: &mut Links| -> Result<(), InputError> {
+                if explicit {
+                    links.scope = std::fs::canonicalize(entry).ok();
+                } else {
+                    links.check_top(entry)?;
+                }
+                self.collect(entry, links, &mut files)
+            };
             if pattern.contains(['*', '?', '[']) {
                 let paths = glob::glob(&full.to_string_lossy())
                     .map_err(|e| InputError::Pattern { stage: stage.into(), pattern: pattern.clone(), reason: e.to_string() })?;
                 for entry in paths.flatten() {
-                    self.collect(&entry, &mut files);
+                    add(&entry, &mut links)?;
                 }
             } else {
                 // A plain path: no glob walk over its ancestors.
-                self.collect(&full, &mut files);
+                add(&full, &mut links)?;
             }
             if files.is_empty() {
                 return Err(InputError::NoMatch { stage: stage.into(), pattern: pattern.clone() });
@@ -142,17 +159,23 @@ impl InputHasher {
     }
 
     /// The files at `path` (the file itself, or every file below a directory), with their stats.
-    fn collect(&self, path: &Path, out: &mut Vec<(PathBuf, FileStat)>) {
-        let Some(meta) = self.stat(path) else { return };
+    /// A link met in a directory is checked by `links` before it is followed.
+    fn collect(&self, path: &Path, links: &Links, out: &mut Vec<(PathBuf, FileStat)>) -> Result<(), InputError> {
+        let Some(meta) = self.stat(path) else { return Ok(()) };
         if meta.is_dir {
-            let mut entries: Vec<PathBuf> = std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| e.path()).collect();
+            let mut entries: Vec<(PathBuf, bool)> =
+                std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| (e.path(), e.file_type().is_ok_and(|t| t.is_symlink()))).collect();
             entries.sort();
-            for e in entries {
-                self.collect(&e, out);
+            for (e, is_link) in entries {
+                if is_link {
+                    links.check_link(&e)?;
+                }
+                self.collect(&e, links, out)?;
             }
         } else if meta.is_file {
             out.push((path.to_path_buf(), meta));
         }
+        Ok(())
     }
 
     /// Stats `path` from the open base directory when it lies below it.
@@ -161,6 +184,63 @@ impl InputHasher {
             (Some(dir), Ok(rel)) if !rel.as_os_str().is_empty() => dir.stat(rel).ok(),
             _ => std::fs::metadata(path).ok().map(|m| FileStat::from(&m)),
         }
+    }
+}
+
+/// Where the links of one input pattern may lead: into the project (`root`, resolved), or,
+/// for an absolute input outside it, into what the user named (`scope`).
+struct Links<'a> {
+    stage: &'a str,
+    base: &'a Path,
+    root: &'a Path,
+    /// Directories of matched files, resolved: a glob's matches mostly share a few.
+    parents: HashMap<PathBuf, Option<PathBuf>>,
+    scope: Option<PathBuf>,
+}
+
+impl Links<'_> {
+    /// A matched path must resolve inside the project, whichever of its components is a link.
+    fn check_top(&mut self, path: &Path) -> Result<(), InputError> {
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else { return Ok(()) };
+        let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+        let resolved = match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).ok(),
+            Ok(_) => self.parents.entry(parent.to_path_buf()).or_insert_with(|| std::fs::canonicalize(parent).ok()).as_ref().map(|p| p.join(name)),
+            Err(_) => None,
+        };
+        match resolved {
+            Some(target) if !target.starts_with(self.root) => Err(self.escaping_link(path, target)),
+            _ => Ok(()),
+        }
+    }
+
+    /// A link found while walking a directory input.
+    fn check_link(&self, link: &Path) -> Result<(), InputError> {
+        let Ok(target) = std::fs::canonicalize(link) else { return Ok(()) };
+        if target.starts_with(self.root) || self.scope.as_ref().is_some_and(|s| target.starts_with(s)) {
+            return Ok(());
+        }
+        Err(self.error(link, target))
+    }
+
+    /// The error for `path`, which resolves to `target`: named by its first component that is
+    /// a link leading out of the project.
+    fn escaping_link(&self, path: &Path, target: PathBuf) -> InputError {
+        let from = path.strip_prefix(self.base).map(|_| self.base).unwrap_or(Path::new(""));
+        let mut prefix = from.to_path_buf();
+        for c in path.strip_prefix(from).unwrap_or(path).components() {
+            prefix.push(c);
+            let is_link = std::fs::symlink_metadata(&prefix).is_ok_and(|m| m.file_type().is_symlink());
+            if let Some(t) = is_link.then(|| std::fs::canonicalize(&prefix).ok()).flatten().filter(|t| !t.starts_with(self.root)) {
+                return self.error(&prefix, t);
+            }
+        }
+        self.error(path, target)
+    }
+
+    fn error(&self, link: &Path, target: PathBuf) -> InputError {
+        let link = link.strip_prefix(self.base).unwrap_or(link).to_path_buf();
+        InputError::LinkEscapes { stage: self.stage.into(), link, target, root: self.root.to_path_buf() }
     }
 }
 

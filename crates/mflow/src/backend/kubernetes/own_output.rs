@@ -1,7 +1,7 @@
 //! The directory a TrainJob writes its output to, and the move of that output into the
 //! engine's staging directory once the TrainJob completed.
 //!
-//! The engine stages an attempt's output in `<cache>/.staging/<key>.<run>` and clears the
+//! The engine stages an attempt's output in `<cache>/.staging/<key>.<run>/out` and clears the
 //! staging directories of a key when a run starts. A TrainJob outlives the mflow process that
 //! submitted it, so it writes to `<cache>/.kube/<trainjob>/out` instead: named after the
 //! TrainJob, found again by a restarted mflow, and left alone by the engine.
@@ -25,7 +25,7 @@ impl OwnOutput {
     /// `None` when the engine's output is not a cache staging directory (then the TrainJob
     /// writes to it directly).
     pub fn of(staged: &Path, trainjob: &str) -> Option<OwnOutput> {
-        let staging = staged.parent()?;
+        let staging = staged.parent()?.parent()?;
         if staging.file_name()? != ".staging" {
             return None;
         }
@@ -114,7 +114,7 @@ mod tests {
 
     #[test]
     fn only_cache_staging_directories_are_redirected() {
-        let own = OwnOutput::of(Path::new("/mflow/p/cache/.staging/abc.run1"), "p-s-abc").unwrap();
+        let own = OwnOutput::of(Path::new("/mflow/p/cache/.staging/abc.run1/out"), "p-s-abc").unwrap();
         assert_eq!(own.out, Path::new("/mflow/p/cache/.kube/p-s-abc/out"));
         assert!(OwnOutput::of(Path::new("/mflow/p/elsewhere/out"), "p-s-abc").is_none());
     }
@@ -132,7 +132,7 @@ mod tests {
     #[test]
     fn paths_are_rewritten_in_arguments_environment_and_configs() {
         let root = std::env::temp_dir().join(format!("mflow-own-output-{}", fastrand::u64(..)));
-        let staged = root.join("cache/.staging/k.r");
+        let staged = root.join("cache/.staging/k.r/out");
         let attempt = root.join("runs/r/stages/train");
         std::fs::create_dir_all(&attempt).unwrap();
         let config = attempt.join("train-config-1.json");

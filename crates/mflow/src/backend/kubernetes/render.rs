@@ -81,7 +81,7 @@ fn shape_all(
 
         let upstream: BTreeMap<String, PathBuf> = st.deps.iter().map(|&d| (plan.stages[d].spec.name.clone(), store.output_dir(&keys[d]))).collect();
         let params = crate::spec::substitute_outputs(&st.parts.params, &|u| upstream.get(u).map(|p| p.display().to_string()).unwrap_or_default());
-        let out = store.root().join(".staging").join(format!("{key}.rendered"));
+        let out = store.root().join(".staging").join(format!("{key}.rendered")).join("out");
         let stage_dir = run_dir.join("stages").join(&name);
         let config_dir = scratch.join("stages").join(&name);
         std::fs::create_dir_all(&config_dir).map_err(|e| KubernetesError::Volume { path: config_dir.display().to_string(), message: e.to_string() })?;
