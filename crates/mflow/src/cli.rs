@@ -468,7 +468,7 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
         }
     }
     let env = Environment::detect(s.python.as_deref());
-    if s.pipeline.backend == "kubernetes" && !args.dry_run && crate::remote::needed() {
+    if s.pipeline.backend == "kubernetes" && !args.dry_run && crate::remote::needed(&s) {
         // Outside the cluster: nothing is written here; the engine runs in the cluster.
         let plan = plan::build(s, &env)?;
         let mode = Mode::detect(format == LogFormat::Json);

@@ -25,6 +25,9 @@ KUBELET_CASES=(
   missing_and_invalid_images
   cronjob_runs_mflow_in_a_pod
   cronjob_pod_sigterm_detaches
+  outside_run_uploads_and_follows
+  outside_detach_attach_cancel
+  outside_driver_pod_deleted
 )
 
 # mflow sees the artifact volume where its pods do, at /mflow (here: the hostPath behind the
@@ -584,4 +587,153 @@ EOF
     eq "$(kc get "$pod" -o jsonpath='{.spec.containers[0].env[?(@.name=="PET_NNODES")].value}')" 2 "PET_NNODES of $pod"
     eq "$(kc get "$pod" -o jsonpath='{.spec.containers[0].env[?(@.name=="PET_NPROC_PER_NODE")].value}')" 2 "PET_NPROC_PER_NODE of $pod"
   done
+}
+
+# --- from outside the cluster: the volume is not mounted where mflow runs -----------------
+
+# outside_spec CASE < STAGES: a spec in a directory that is not the volume (a laptop's
+# checkout); the workdir is the default one on the volume. Prints its path.
+outside_spec() {
+  local dir="$STATE_DIR/outside/$1"
+  mkdir -p "$dir"
+  {
+    printf '[pipeline]\nname = "%s"\nbackend = "kubernetes"\n\n' "$(pipeline_of "$1")"
+    printf '[pipeline.kubernetes]\nimage = "%s"\ncpu_runtime = "%s"\nruntime = "%s"\n' "$IMAGE" "$CPU_RUNTIME" "$TORCH_RUNTIME"
+    # This cluster's pods reach the API server on the node's loopback only.
+    printf 'driver = { host_network = true, env = { KUBERNETES_SERVICE_HOST = "127.0.0.1", KUBERNETES_SERVICE_PORT = "6443" } }\n\n'
+    cat
+  } >"$dir/spec.toml"
+  echo "$dir/spec.toml"
+}
+
+# outside CMD...: runs CMD with /mflow absent, as on a laptop; the link is back afterwards so
+# that the case can check the volume.
+outside() {
+  local rc=0
+  rm -f "$VOLUME"
+  "$@" || rc=$?
+  ln -sfn "$STATE_DIR/artifacts" "$VOLUME"
+  return $rc
+}
+
+outside_runs() { ls -d "$VOLUME/$(pipeline_of "$1")"/runs/*/ | sort; }
+outside_record() { cat "$VOLUME/$(pipeline_of "$1")/runs/$2/run.json"; }
+stage_running() { [ -n "$(kc get pods -l "mflow.dev/pipeline=$(pipeline_of "$1"),mflow.dev/stage=$2" --field-selector=status.phase=Running -o name)" ]; }
+driver_pod() { kc get pods -l "mflow.dev/run=$1" --field-selector=status.phase=Running -o name | head -n 1 | grep .; }
+
+# A pipeline of three stages from a checkout with a local input: the project is uploaded, the
+# driver runs it, the display and exit code are a local run's. A second run sends nothing and
+# runs nothing; a changed input is the only file sent; an upload above the bound is refused.
+case_outside_run_uploads_and_follows() {
+  local spec dir rec out
+  spec=$(outside_spec outside_run_uploads_and_follows <<'EOF'
+[stages.words]
+kind = "command"
+inputs = ["data/words.txt"]
+run = ["sh", "-c", "wc -w < data/words.txt > $MFLOW_OUTPUT/n"]
+
+[stages.times]
+kind = "command"
+needs = ["words"]
+run = ["sh", "-c", "echo $(( $(cat $MFLOW_INPUT_WORDS/n) * 10 )) > $MFLOW_OUTPUT/n"]
+
+[stages.model]
+kind = "model"
+source = "init:llama-tiny"
+EOF
+)
+  dir=$(dirname "$spec")
+  mkdir -p "$dir/data"
+  echo "one two three four" >"$dir/data/words.txt"
+  expect 0 outside mf run "$spec"
+  contains "$(last)" "upload: sent 2 of 2 files"
+  contains "$(last)" "✓ words succeeded"
+  contains "$(last)" "times | mflow: TrainJob"
+  contains "$(last)" "succeeded: 3 ran, 0 cached, 0 failed"
+  [ ! -e "$dir/.mflow" ] || { echo "a workdir was written outside the cluster"; return 1; }
+  rec=$(outside_record outside_run_uploads_and_follows "$(basename "$(outside_runs outside_run_uploads_and_follows | tail -n 1)")")
+  eq "$(jq -r .status <<<"$rec")" succeeded
+  out=$(jq -r .stages.times.output <<<"$rec")
+  eq "$(cat "$out/n")" 40 "the downstream stage read the uploaded input"
+  [ -f "$(jq -r .stages.model.output <<<"$rec")/model.safetensors" ] || { echo "the model stage wrote no model"; return 1; }
+
+  expect 0 outside mf run "$spec"
+  contains "$(last)" "upload: nothing to send, the project is on the volume (2 files)"
+  contains "$(last)" "succeeded: 0 ran, 3 cached, 0 failed"
+  eq "$(trainjobs outside_run_uploads_and_follows)" 3 "TrainJobs after the cached run"
+
+  echo "five" >>"$dir/data/words.txt"
+  expect 2 outside env MFLOW_UPLOAD_MAX_BYTES=10 "$MFLOW_BIN" run "$spec"
+  contains "$(last)" "more than the limit of 10 B"
+  contains "$(last)" "data/words.txt (24 B)"
+  expect 0 outside mf run "$spec"
+  contains "$(last)" "upload: sent 1 of 2 files"
+  contains "$(last)" "succeeded: 2 ran, 1 cached, 0 failed"
+}
+
+# --detach returns the run id; attach follows it and Ctrl-C leaves it running; cancel stops
+# its stages, deletes their TrainJobs and records the run as cancelled.
+case_outside_detach_attach_cancel() {
+  local spec run pid rc=0 log="$STATE_DIR/attach.log"
+  spec=$(outside_spec outside_detach_attach_cancel <<'EOF'
+[stages.long]
+kind = "command"
+run = ["sh", "-c", "echo working; sleep 3600"]
+EOF
+)
+  run=$(outside mf run --detach "$spec" 2>"$STATE_DIR/detach.err")
+  cat "$STATE_DIR/detach.err"
+  [ -n "$run" ] || { echo "--detach printed no run id"; return 1; }
+  contains "$(cat "$STATE_DIR/detach.err")" "mflow attach $run"
+  wait_until 120 stage_running outside_detach_attach_cancel long
+
+  rm -f "$VOLUME"
+  "$MFLOW_BIN" attach "$run" >"$log" 2>&1 &
+  pid=$!
+  wait_until 60 grep -q "long | \[rank 0\] working" "$log" || { cat "$log"; kill $pid; return 1; }
+  kill -INT $pid
+  wait $pid || rc=$?
+  ln -sfn "$STATE_DIR/artifacts" "$VOLUME"
+  cat "$log"
+  eq "$rc" 143 "attach after Ctrl-C"
+  contains "$(cat "$log")" "detached: run $run goes on in the cluster"
+  driver_pod "$run" >/dev/null || { echo "the driver stopped when attach was interrupted"; return 1; }
+  eq "$(trainjobs outside_detach_attach_cancel)" 1
+
+  expect 0 outside mf cancel "$run"
+  contains "$(last)" "run $run cancelled"
+  eq "$(outside_record outside_detach_attach_cancel "$run" | jq -r .status)" cancelled
+  wait_until 60 test "$(trainjobs outside_detach_attach_cancel)" = 0
+  expect 2 outside mf cancel no-such-run
+  contains "$(last)" "no run no-such-run in namespace ml"
+}
+
+# The driver's pod is deleted mid-run, as by a drain: the Job starts another, which reattaches
+# to the running TrainJob; nothing runs twice and the run ends as it would have.
+case_outside_driver_pod_deleted() {
+  local spec run pod count
+  count="$VOLUME/$(pipeline_of outside_driver_pod_deleted)-starts"
+  rm -f "$count"
+  spec=$(outside_spec outside_driver_pod_deleted <<EOF
+[stages.slow]
+kind = "command"
+run = ["sh", "-c", "echo started >> $count; sleep 25; echo done > \$MFLOW_OUTPUT/x"]
+
+[stages.after]
+kind = "command"
+needs = ["slow"]
+run = ["sh", "-c", "cat \$MFLOW_INPUT_SLOW/x > \$MFLOW_OUTPUT/x"]
+EOF
+)
+  run=$(outside mf run --detach "$spec")
+  wait_until 120 stage_running outside_driver_pod_deleted slow
+  pod=$(driver_pod "$run")
+  kc delete "$pod" --wait=true --timeout=150s
+  expect 0 outside timeout 300 "$MFLOW_BIN" attach "$run"
+  contains "$(last)" "reattaching to TrainJob"
+  contains "$(last)" "run $run.2 succeeded: 2 ran, 0 cached, 0 failed"
+  eq "$(wc -l <"$count")" 1 "times the slow stage started"
+  eq "$(outside_record outside_driver_pod_deleted "$run" | jq -r .status)" interrupted
+  eq "$(outside_record outside_driver_pod_deleted "$run.2" | jq -r .status)" succeeded
+  eq "$(trainjobs outside_driver_pod_deleted)" 2
 }

@@ -54,10 +54,12 @@ impl RemoteError {
     }
 }
 
-/// Whether this machine sees the artifact volume where the pods do; where it does not, a
-/// kubernetes run goes through a driver.
-pub fn needed() -> bool {
-    !Path::new(mflow_kube::ARTIFACT_MOUNT).is_dir()
+/// Whether a kubernetes run of `spec` needs a driver: its workdir is on the artifact volume,
+/// which this machine does not mount. An explicit absolute workdir elsewhere says the volume
+/// is mounted there (a shared file system), and the engine runs here.
+pub fn needed(spec: &crate::spec::Spec) -> bool {
+    let mount = Path::new(mflow_kube::ARTIFACT_MOUNT);
+    spec.workdir().starts_with(mount) && !mount.is_dir()
 }
 
 fn setting(spec: &crate::spec::Spec, key: &str) -> Option<String> {
@@ -247,10 +249,15 @@ pub async fn cancel(run: &str, namespace: Option<String>, context: Option<String
     let running = listed.items.iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && p.metadata.deletion_timestamp.is_none());
     if let Some(p) = running {
         let pod = p.metadata.name.clone().unwrap_or_default();
-        let ap = kube::api::AttachParams::default().container(driver::CONTAINER).stdout(false).stderr(false);
+        let ap = kube::api::AttachParams::default().container(driver::CONTAINER).stdout(false).stderr(true);
         let mut proc = pods.exec(&pod, ["sh", "-c", "kill -INT 1"], &ap).await.map_err(|e| err("signal the driver", e))?;
-        let _ = proc.take_status().map(|s| async { s.await });
+        let status = proc.take_status();
         let _ = proc.join().await;
+        if let Some(s) = status {
+            if let Some(st) = s.await.filter(|st| st.status.as_deref() != Some("Success")) {
+                return Err(crate::Error::usage(format!("cannot signal the driver pod {pod}: {}", st.message.unwrap_or_default()), "the image needs sh; `kubectl delete job` stops the driver without cancelling its TrainJobs"));
+            }
+        }
         eprintln!("run {run}: cancelling (the driver stops its stages and deletes their TrainJobs)");
         let mut display = Display::new(Mode::detect(false), &[]);
         let end = tokio::time::timeout(std::time::Duration::from_secs(180), follow::follow(kube.client().clone(), &ns, run, &mut display)).await;

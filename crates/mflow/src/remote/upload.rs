@@ -27,7 +27,7 @@ pub const MAX_FILES: usize = 100_000;
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum UploadError {
-    #[error("the run would upload {} in {files} files, more than the limit of {}; the largest is {largest} ({})", human(*total), human(*max), human(*largest_size))]
+    #[error("the run would upload {} in {files} file(s), more than the limit of {}; the largest is {largest} ({})", human(*total), human(*max), human(*largest_size))]
     #[diagnostic(
         code(mflow::remote::upload_too_large),
         help("large data belongs on the artifact volume already (an absolute /mflow/... path in the spec) or in the spec as an hf:// source; MFLOW_UPLOAD_MAX_BYTES raises the limit")
@@ -283,7 +283,7 @@ mod tests {
         assert_eq!(Bundle::check_size(&missing, 4096).unwrap(), 3010);
         let e = Bundle::check_size(&missing, 3000).unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("big/corpus.jsonl") && msg.contains("2.9 KiB") && msg.contains("2 files"), "{msg}");
+        assert!(msg.contains("big/corpus.jsonl") && msg.contains("2.9 KiB") && msg.contains("2 file(s)"), "{msg}");
     }
 
     #[test]
