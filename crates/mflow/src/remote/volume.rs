@@ -165,32 +165,6 @@ impl VolumePod {
         let success = st.as_ref().is_some_and(|s| s.status.as_deref() == Some("Success"));
         Ok(Output { stdout: out.unwrap_or_default(), stderr, success })
     }
-
-    /// Streams `sh -c script`'s stdout line by line to `each`; the exit status is the result.
-    pub async fn sh_lines(&self, script: &str, mut each: impl FnMut(&str)) -> Result<bool, RemoteError> {
-        let ap = AttachParams::default().container("volume").stdout(true).stderr(false);
-        let mut proc = self
-            .pods
-            .exec(&self.name, ["sh", "-c", script], &ap)
-            .await
-            .map_err(|e| RemoteError::Kube { what: format!("exec in the volume pod {}", self.name), message: mflow_kube::describe(&e) })?;
-        let status = proc.take_status();
-        let stdout = proc.stdout().expect("stdout was requested");
-        let mut lines = tokio::io::BufReader::new(stdout);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut line).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => each(line.trim_end_matches('\n')),
-            }
-        }
-        let st = match status {
-            Some(s) => s.await,
-            None => None,
-        };
-        Ok(st.as_ref().is_some_and(|s| s.status.as_deref() == Some("Success")))
-    }
 }
 
 /// Lines of a pod's log as they come, until the container ends.
