@@ -218,3 +218,35 @@ pub fn did_you_mean(word: &str, candidates: &[&str], what: &str) -> String {
         None => format!("valid {what}: {}", candidates.join(", ")),
     }
 }
+
+/// At most 120 characters of text from a spec, for messages: a 5000-character key or path is
+/// shown by its start and its size, not in full.
+pub fn excerpt(text: &str) -> String {
+    const MAX: usize = 120;
+    match text.char_indices().nth(MAX) {
+        None => text.to_string(),
+        Some((end, _)) => format!("{}… ({} bytes)", &text[..end], text.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn messages_quote_long_keys_and_paths_by_excerpt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spec.toml");
+        let long = "k".repeat(5000);
+        let specs = [
+            format!("[pipeline]\nname = \"p\"\n{long} = 1\n\n[stages.a]\nkind = \"command\"\nrun = [\"true\"]\n"),
+            format!("[pipeline]\nname = \"p\"\nworkdir = \"/proc/{long}\"\n\n[stages.a]\nkind = \"command\"\nrun = [\"true\"]\n"),
+        ];
+        for text in specs {
+            let e = crate::spec::parse(&path, &text, &[]).unwrap_err();
+            for err in &e.errors {
+                let msg = err.to_string();
+                assert!(msg.len() < 600, "{} bytes: {}", msg.len(), super::excerpt(&msg));
+                assert!(msg.contains("(5000 bytes)") || msg.contains("(5006 bytes)"), "{msg}");
+            }
+        }
+    }
+}

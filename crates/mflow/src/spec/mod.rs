@@ -172,7 +172,7 @@ fn parse_in(path: &Path, dir: PathBuf, text: &str, overrides: &[String]) -> Resu
             errors.push(SpecError::UnknownKey {
                 src: src.clone(),
                 span: to_span(key.origin.span()),
-                key: key.name.clone(),
+                key: error::excerpt(&key.name),
                 table: "the spec".into(),
                 help: did_you_mean(&key.name, TOP, "sections"),
             });
@@ -428,7 +428,7 @@ fn check_workdir(src: &Src, dir: &Path, pipeline: &Node, workdir: &Path, errors:
             Some(_) => (node.and_then(Node::span), r.reason),
             None => (pipeline.span(), r.reason),
         };
-        errors.push(SpecError::Workdir { src: src.clone(), span: to_span(span), value, reason, help: r.help });
+        errors.push(SpecError::Workdir { src: src.clone(), span: to_span(span), value: error::excerpt(&value), reason: error::excerpt(&reason), help: r.help });
     }
 }
 

@@ -69,7 +69,7 @@ pub fn check_table(
             None => errors.push(SpecError::UnknownKey {
                 src: src.clone(),
                 span: to_span(key.origin.span()),
-                key: key.name.clone(),
+                key: crate::spec::error::excerpt(&key.name),
                 table: table.to_string(),
                 help: did_you_mean(&key.name, &fields.iter().map(|f| f.name).collect::<Vec<_>>(), "keys"),
             }),
