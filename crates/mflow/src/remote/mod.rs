@@ -160,12 +160,9 @@ async fn upload(bundle: &Bundle, client: kube::Client, namespace: &str, pvc: &st
     let nonce = format!("{:016x}", fastrand::u64(..));
     let sent = std::sync::Arc::new(std::sync::Mutex::new(None));
     let stream = {
-        let (bundle_files, spec, sent, bar) = (bundle.files.clone(), bundle.spec.clone(), sent.clone(), bar.clone());
-        let nonce = nonce.clone();
+        let (b, sent, bar, nonce) = (bundle.clone(), sent.clone(), bar.clone(), nonce.clone());
         Box::new(move |w: &mut dyn std::io::Write| {
-            let b = Bundle::new(bundle_files, spec);
-            let refs: Vec<&upload::File> = missing.iter().collect();
-            let r = b.write_tar(&refs, &nonce, bar.wrap_write(w));
+            let r = b.write_tar(&missing.iter().collect::<Vec<_>>(), &nonce, bar.wrap_write(w));
             let failed = r.is_err();
             *sent.lock().unwrap() = Some(r);
             if failed { Err(std::io::Error::other("upload stream")) } else { Ok(()) }
@@ -180,12 +177,9 @@ async fn upload(bundle: &Bundle, client: kube::Client, namespace: &str, pvc: &st
     if !out.success {
         return Err(RemoteError::Receive { message: out.stderr });
     }
-    eprintln!("upload: sent {} of {} files ({})", present_count(bundle, &present), bundle.files.len(), upload::human(total));
+    let sent_files = bundle.files.iter().filter(|f| !present.contains(&f.digest)).count();
+    eprintln!("upload: sent {sent_files} of {} files ({})", bundle.files.len(), upload::human(total));
     Ok(())
-}
-
-fn present_count(bundle: &Bundle, present: &HashSet<String>) -> usize {
-    bundle.files.iter().filter(|f| !present.contains(&f.digest)).count()
 }
 
 /// Follows a driver to its end; Ctrl-C leaves it running and says how to come back.

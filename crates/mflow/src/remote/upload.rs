@@ -62,7 +62,7 @@ pub struct File {
 }
 
 /// Everything a run sends, with the tree it lays out on the volume.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Bundle {
     pub files: Vec<File>,
     /// The spec, relative to the project root.
