@@ -97,8 +97,14 @@ impl KubeBackend {
     /// version, the permissions of [`crate::RBAC_EXAMPLE`], the runtimes named in the options, and
     /// the artifact claim.
     pub async fn preflight(&self) -> Result<(), KubeError> {
+        self.preflight_for(crate::rbac::RULES).await
+    }
+
+    /// The preflight with the rights of `rules`: [`crate::rbac::OUTSIDE`] for a machine that
+    /// starts a driver, whose own engine checks [`crate::rbac::RULES`] in the cluster.
+    pub async fn preflight_for(&self, rules: &'static [crate::rbac::Rule]) -> Result<(), KubeError> {
         self.check_trainer_api().await?;
-        self.check_permissions().await?;
+        self.check_rights(rules).await?;
         for runtime in &self.opts.runtimes {
             self.check_runtime(runtime).await?;
         }
@@ -133,10 +139,11 @@ impl KubeBackend {
         }
     }
 
-    async fn check_permissions(&self) -> Result<(), KubeError> {
+    /// Asks the API server whether this identity has every right of `rules`.
+    pub async fn check_rights(&self, rules: &'static [crate::rbac::Rule]) -> Result<(), KubeError> {
         let reviews: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
         let mut denied = Vec::new();
-        for (verb, group, resource, sub, cluster) in crate::rbac::needed() {
+        for (verb, group, resource, sub, cluster) in crate::rbac::needed(rules) {
             let review = SelfSubjectAccessReview {
                 spec: SelfSubjectAccessReviewSpec {
                     resource_attributes: Some(ResourceAttributes {

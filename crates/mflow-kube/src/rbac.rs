@@ -64,9 +64,39 @@ pub const RULES: &[Rule] = &[
     },
 ];
 
-/// (verb, group, resource, subresource) of every right, for access reviews.
-pub fn needed() -> impl Iterator<Item = (&'static str, &'static str, &'static str, &'static str, bool)> {
-    RULES.iter().flat_map(|r| {
+/// What a person outside the cluster does besides: `mflow run` from a laptop uploads through a
+/// volume pod and starts a driver Job (which runs the engine with [`RULES`]), and `attach`,
+/// `cancel`, `runs`, `status`, `logs`, `report` and `output --download` read through them.
+pub const OUTSIDE: &[Rule] = &[
+    Rule {
+        group: "",
+        resource: "pods",
+        verbs: &["create", "get", "list", "watch", "delete"],
+        cluster: false,
+        why: "a short-lived pod that mounts the artifact claim, for uploads and reads; the driver's pods",
+    },
+    Rule { group: "", resource: "pods/exec", verbs: &["create"], cluster: false, why: "tar streams to and from the volume; a cancel signals the driver" },
+    Rule { group: "", resource: "pods/log", verbs: &["get"], cluster: false, why: "the driver's events, rendered as a local run's display" },
+    Rule {
+        group: "batch",
+        resource: "jobs",
+        verbs: &["create", "get", "list", "delete"],
+        cluster: false,
+        why: "the driver of each run, found by its labels; deleted by a cancel that cannot signal it",
+    },
+    Rule { group: "", resource: "persistentvolumeclaims", verbs: &["get"], cluster: false, why: "preflight: the artifact claim exists" },
+    Rule {
+        group: TRAINER_GROUP,
+        resource: "clustertrainingruntimes",
+        verbs: &["get", "list"],
+        cluster: true,
+        why: "preflight: the runtimes the stages name exist",
+    },
+];
+
+/// (verb, group, resource, subresource) of every right of `rules`, for access reviews.
+pub fn needed(rules: &'static [Rule]) -> impl Iterator<Item = (&'static str, &'static str, &'static str, &'static str, bool)> {
+    rules.iter().flat_map(|r| {
         let (resource, sub) = r.resource.split_once('/').unwrap_or((r.resource, ""));
         r.verbs.iter().map(move |v| (*v, r.group, resource, sub, r.cluster))
     })
@@ -80,8 +110,8 @@ pub struct Subjects {
     pub groups: Vec<String>,
 }
 
-fn policy_rules(cluster: bool) -> Vec<Value> {
-    RULES
+fn policy_rules(rules: &[Rule], cluster: bool) -> Vec<Value> {
+    rules
         .iter()
         .filter(|r| r.cluster == cluster)
         .map(|r| json!({"apiGroups": [r.group], "resources": [r.resource], "verbs": r.verbs}))
@@ -91,7 +121,8 @@ fn policy_rules(cluster: bool) -> Vec<Value> {
 /// The objects that grant mflow its rights in `namespace`: a ServiceAccount per named one, a
 /// Role and RoleBinding, and a ClusterRole and ClusterRoleBinding (named `<name>-<namespace>`,
 /// so bindings of several namespaces do not overwrite each other) for the cluster-scoped
-/// reads.
+/// reads. Users and groups are people: they also get the Role `<name>-outside` of [`OUTSIDE`],
+/// to run from a machine that does not mount the volume. Service accounts do not need it.
 pub fn objects(name: &str, namespace: &str, subjects: &Subjects) -> Vec<Value> {
     let labels = json!({ LABEL_MANAGED_BY: MANAGED_BY });
     let mut subject_list: Vec<Value> = subjects
@@ -110,7 +141,7 @@ pub fn objects(name: &str, namespace: &str, subjects: &Subjects) -> Vec<Value> {
     out.push(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "rules": policy_rules(false),
+        "rules": policy_rules(RULES, false),
     }));
     out.push(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
@@ -121,7 +152,7 @@ pub fn objects(name: &str, namespace: &str, subjects: &Subjects) -> Vec<Value> {
     out.push(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": cluster_name, "labels": labels},
-        "rules": policy_rules(true),
+        "rules": policy_rules(RULES, true),
     }));
     out.push(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
@@ -129,12 +160,27 @@ pub fn objects(name: &str, namespace: &str, subjects: &Subjects) -> Vec<Value> {
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_name},
         "subjects": subject_list,
     }));
+    let people: Vec<Value> = subject_list.iter().filter(|s| s["kind"] != "ServiceAccount").cloned().collect();
+    if !people.is_empty() {
+        let outside = format!("{name}-outside");
+        out.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": outside, "namespace": namespace, "labels": labels},
+            "rules": policy_rules(OUTSIDE, false),
+        }));
+        out.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": outside, "namespace": namespace, "labels": labels},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": outside},
+            "subjects": people,
+        }));
+    }
     out
 }
 
-/// A comment block listing every rule and why mflow needs it.
-pub fn explained() -> String {
-    RULES
+/// A comment block listing every rule of `rules` and why mflow needs it.
+pub fn explained(rules: &[Rule]) -> String {
+    rules
         .iter()
         .map(|r| {
             let group = if r.group.is_empty() { "core" } else { r.group };
@@ -149,14 +195,21 @@ mod tests {
 
     #[test]
     fn every_verb_is_reviewed_and_rendered_once() {
-        let reviewed: Vec<_> = needed().collect();
+        let reviewed: Vec<_> = needed(RULES).collect();
         let rendered: usize = RULES.iter().map(|r| r.verbs.len()).sum();
         assert_eq!(reviewed.len(), rendered);
         assert!(reviewed.contains(&("get", "", "pods", "log", false)));
         assert!(reviewed.contains(&("list", TRAINER_GROUP, "clustertrainingruntimes", "", true)));
         let objs = objects("mflow", "team-a", &Subjects { service_accounts: vec!["mflow".into()], users: vec!["alice".into()], ..Default::default() });
         let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
-        assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"]);
+        assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]);
+        // The outside rights go to the person only.
+        assert_eq!(objs[5]["metadata"]["name"], "mflow-outside");
+        assert_eq!(objs[6]["subjects"].as_array().unwrap().len(), 1);
+        assert_eq!(objs[6]["subjects"][0]["name"], "alice");
+        assert!(serde_json::to_string(&objs[5]).unwrap().contains("pods/exec"));
+        let only_sa = objects("mflow", "team-a", &Subjects { service_accounts: vec!["mflow".into()], ..Default::default() });
+        assert_eq!(only_sa.len(), 5, "a service account gets no outside rights");
         assert_eq!(objs[2]["subjects"][0]["namespace"], "team-a");
         assert_eq!(objs[2]["subjects"][1]["kind"], "User");
         assert_eq!(objs[3]["metadata"]["name"], "mflow-team-a");

@@ -85,12 +85,16 @@ pub enum Command {
     Runs {
         #[arg(long, default_value = ".mflow")]
         workdir: PathBuf,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Show one run's stages.
     Status {
         run: Option<String>,
         #[arg(long, default_value = ".mflow")]
         workdir: PathBuf,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Print a stage's log from a run (default: the latest).
     Logs {
@@ -102,13 +106,19 @@ pub enum Command {
         /// Keep printing as the log grows.
         #[arg(long, short)]
         follow: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
-    /// Print the path of a stage's committed output.
+    /// Print the path of a stage's committed output, or copy the output to a new directory.
+    /// A workdir on a cluster's volume that is not mounted here is read through the cluster.
     Output {
         spec: PathBuf,
         stage: String,
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
+        /// Copy the output into DIR (which must not exist), each file checked against its digest.
+        #[arg(long, value_name = "DIR")]
+        download: Option<PathBuf>,
     },
     /// Delete the cache entries (known to the manifest log) that no kept run references.
     /// Refused while a run uses the workdir (exit 3), unless --wait.
@@ -228,6 +238,50 @@ pub struct RunArgs {
     pub detach: bool,
 }
 
+/// Records of runs started outside the cluster, read through it.
+#[derive(clap::Args, Debug)]
+pub struct RemoteArgs {
+    /// `kubernetes`: the runs started from outside the cluster (by `mflow run --backend
+    /// kubernetes` where the volume is not mounted), read on its volume. Implied by
+    /// --namespace, --context, or a --workdir on the volume that is not mounted here.
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendChoice>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+impl RemoteArgs {
+    pub fn wanted(&self, workdir: &Path) -> bool {
+        let mount = Path::new(mflow_kube::ARTIFACT_MOUNT);
+        self.backend == Some(BackendChoice::Kubernetes)
+            || (self.backend.is_none() && (self.cluster.namespace.is_some() || self.cluster.context.is_some() || (workdir.starts_with(mount) && !mount.is_dir())))
+    }
+
+    /// The workdir to filter the cluster's runs by: one on the volume, if one was given.
+    fn workdir<'a>(&self, workdir: &'a Path) -> Option<&'a Path> {
+        workdir.starts_with(mflow_kube::ARTIFACT_MOUNT).then_some(workdir)
+    }
+
+    fn connect_and<F, Fut>(&self, f: F) -> Result<ExitCode, Error>
+    where
+        F: FnOnce(kube::Client, String) -> Fut,
+        Fut: std::future::Future<Output = Result<ExitCode, crate::remote::RemoteError>>,
+    {
+        let opts = mflow_kube::KubeOptions { namespace: self.cluster.namespace.clone(), context: self.cluster.context.clone(), ..Default::default() };
+        runtime()?.block_on(async {
+            let kube = mflow_kube::KubeBackend::connect(opts).await.map_err(|e| Error::usage(e.to_string(), "check KUBECONFIG and the context"))?;
+            match f(kube.client().clone(), kube.namespace().to_string()).await {
+                Ok(code) => Ok(code),
+                Err(e) => {
+                    let code = e.exit_code();
+                    eprintln!("{:?}", miette::Report::new(e));
+                    Ok(code)
+                }
+            }
+        })
+    }
+}
+
 /// Which cluster a run outside it lives in.
 #[derive(clap::Args, Debug)]
 pub struct ClusterArgs {
@@ -341,17 +395,39 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
             rt.block_on(crate::remote::attach(&run, cluster.namespace, cluster.context, Mode::detect(cli.log_format == LogFormat::Json)))
         }
         Command::Cancel { run, cluster } => runtime()?.block_on(crate::remote::cancel(&run, cluster.namespace, cluster.context)),
-        Command::Runs { workdir } => {
+        Command::Runs { workdir, remote } if remote.wanted(&workdir) => {
+            let w = remote.workdir(&workdir).map(Path::to_path_buf);
+            remote.connect_and(|c, ns| async move { crate::remote::records::runs(&c, &ns, w.as_deref()).await })
+        }
+        Command::Status { run, workdir, remote } if remote.wanted(&workdir) => remote.connect_and(|c, ns| async move { crate::remote::records::status(&c, &ns, run.as_deref()).await }),
+        Command::Logs { args, workdir, follow, remote } if remote.wanted(&workdir) => {
+            let (run, stage) = if args.len() == 2 { (Some(args[0].clone()), args[1].clone()) } else { (None, args[0].clone()) };
+            remote.connect_and(|c, ns| async move { crate::remote::records::logs(&c, &ns, run.as_deref(), &stage, follow).await })
+        }
+        Command::Report(a) if a.remote.wanted(&a.workdir) => {
+            if a.png.is_some() {
+                return Err(Error::usage("--png is not available for a run in the cluster", "bring the report here without --png; its charts are in the HTML"));
+            }
+            let (run, out) = (a.run.clone(), a.out.clone());
+            a.remote.connect_and(|c, ns| async move { crate::remote::records::report(&c, &ns, run.as_deref(), out.as_deref()).await })
+        }
+        Command::Runs { workdir, .. } => {
+            let json = cli.log_format == LogFormat::Json;
             for id in record::list(&workdir) {
                 if let Some(r) = record::load(&workdir, &id) {
                     let ran = r.stages.values().filter(|s| s.status == StageStatus::Succeeded).count();
                     let cached = r.stages.values().filter(|s| s.status == StageStatus::Cached).count();
-                    println!("{id}  {:<10} {:<12} ran {ran}, cached {cached}", format!("{:?}", r.status).to_lowercase(), r.pipeline);
+                    let status = format!("{:?}", r.status).to_lowercase();
+                    if json {
+                        println!("{}", serde_json::json!({"id": id, "status": status, "pipeline": r.pipeline, "started": r.started, "ran": ran, "cached": cached}));
+                    } else {
+                        println!("{id}  {status:<10} {:<12} ran {ran}, cached {cached}", r.pipeline);
+                    }
                 }
             }
             Ok(ExitCode::Success)
         }
-        Command::Status { run, workdir } => {
+        Command::Status { run, workdir, .. } => {
             let id = record::resolve(&workdir, run.as_deref()).ok_or_else(|| Error::usage("no such run", "`mflow runs` lists the runs"))?;
             let r = record::load(&workdir, &id).ok_or_else(|| Error::usage(format!("run {id} has no readable record"), "the run directory may be damaged"))?;
             println!("run {id} ({}) {:?}", r.pipeline, r.status);
@@ -363,7 +439,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::Success)
         }
-        Command::Logs { args, workdir, follow } => {
+        Command::Logs { args, workdir, follow, .. } => {
             let (run, stage) = if args.len() == 2 { (Some(args[0].as_str()), args[1].clone()) } else { (None, args[0].clone()) };
             let id = record::resolve(&workdir, run).ok_or_else(|| Error::usage("no such run", "`mflow runs` lists the runs"))?;
             if !spec::valid_name(&stage) {
@@ -378,13 +454,27 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
             print_logs(&dir, n, follow, &workdir, &id, &stage)?;
             Ok(ExitCode::Success)
         }
-        Command::Output { spec, stage, set } => {
+        Command::Output { spec, stage, set, download } => {
             let (plan, store) = load_plan(&spec, &set, None)?;
             let i = plan.index(&stage).ok_or_else(|| plan::PlanError::UnknownStage(stage.clone()))?;
+            if plan.spec.pipeline.backend == "kubernetes" && crate::remote::needed(&plan.spec) {
+                return runtime()?.block_on(crate::remote::output(&plan, &stage, &set, download.as_deref()));
+            }
             let decisions = plan::decide(&plan, &store, &record::LastKeys::open(&plan.spec.workdir()), &[], false);
             match &decisions[i].decision {
                 plan::Decision::Cached { key } => {
-                    println!("{}", store.output_dir(key).display());
+                    let dir = store.output_dir(key);
+                    let manifest = store.manifest(key);
+                    if let Some(to) = download {
+                        let m = manifest.ok_or_else(|| Error::usage(format!("stage `{stage}` has no manifest to copy by"), "`mflow cache repair` restores it"))?;
+                        copy_output(&dir, &m, &to)?;
+                        println!("{}", to.display());
+                    } else if cli.log_format == LogFormat::Json {
+                        let (digest, files) = manifest.map(|m| (m.digest.clone(), m.files.clone())).unwrap_or_default();
+                        println!("{}", serde_json::json!({"path": dir, "digest": digest, "files": files}));
+                    } else {
+                        println!("{}", dir.display());
+                    }
                     Ok(ExitCode::Success)
                 }
                 d => Err(Error::usage(format!("stage `{stage}` has no committed output for the current spec ({})", describe(d)), format!("run `mflow run {}` first", spec.display()))),
@@ -423,6 +513,34 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
     }
 }
 
+/// Copies a committed output to `to` (which must not exist) through a staging directory,
+/// checking every file against its manifest.
+fn copy_output(dir: &Path, m: &crate::cache::Manifest, to: &Path) -> Result<(), Error> {
+    if to.symlink_metadata().is_ok() {
+        return Err(Error::usage(format!("{} exists", to.display()), "copy into a directory that does not exist yet"));
+    }
+    let staging = crate::remote::records::staged_beside(to);
+    let copied = (|| -> Result<(), Error> {
+        for f in &m.files {
+            let rel = crate::remote::relative(&f.path).ok_or_else(|| Error::usage(format!("the manifest of {} lists a file outside it: {}", dir.display(), spec::error::excerpt(&f.path)), "`mflow cache repair` rebuilds the manifest log"))?;
+            let (from, dest) = (dir.join(&rel), staging.join(&rel));
+            if let Some(p) = dest.parent() {
+                std::fs::create_dir_all(p).map_err(|e| Error::io(p, e))?;
+            }
+            std::fs::copy(&from, &dest).map_err(|e| Error::io(&from, e))?;
+            if crate::cache::hash_file(&dest).map_err(|e| Error::io(&dest, e))? != f.blake3 {
+                return Err(Error::usage(format!("{} differs from the digest its manifest records", from.display()), "`mflow run --verify` rebuilds a damaged entry"));
+            }
+        }
+        std::fs::create_dir_all(&staging).map_err(|e| Error::io(&staging, e))?;
+        std::fs::rename(&staging, to).map_err(|e| Error::io(to, e))
+    })();
+    if copied.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    copied
+}
+
 /// The native stage commands report their own diagnostics; a failure is the stage's.
 fn native(r: miette::Result<()>) -> Result<ExitCode, Error> {
     match r {
@@ -436,7 +554,10 @@ fn native(r: miette::Result<()>) -> Result<ExitCode, Error> {
 
 /// The RBAC objects as a YAML stream, with the reason for every right.
 pub fn rbac_yaml(name: &str, namespace: &str, subjects: &mflow_kube::rbac::Subjects) -> String {
-    let mut out = format!("# Least privilege for mflow in namespace {namespace:?} (`mflow kube rbac`). Rights:\n{}", mflow_kube::rbac::explained());
+    let mut out = format!("# Least privilege for mflow in namespace {namespace:?} (`mflow kube rbac`). Rights:\n{}", mflow_kube::rbac::explained(mflow_kube::rbac::RULES));
+    if !subjects.users.is_empty() || !subjects.groups.is_empty() {
+        out.push_str(&format!("# And for the users and groups, to run from outside the cluster (Role {name}-outside):\n{}", mflow_kube::rbac::explained(mflow_kube::rbac::OUTSIDE)));
+    }
     for obj in mflow_kube::rbac::objects(name, namespace, subjects) {
         out.push_str("---\n");
         out.push_str(&serde_yaml::to_string(&obj).unwrap_or_default());

@@ -333,6 +333,33 @@ fn plan_says_what_would_run_and_why() {
     assert!(std::path::Path::new(common::stdout(&o).trim()).join("out").exists());
 }
 
+/// `output --download` copies the committed output into a new directory, checked against its
+/// manifest; `--log-format json` lists the files with their digests (what a laptop reads of a
+/// cluster's output before fetching it).
+#[test]
+fn an_output_is_listed_and_copied_whole() {
+    let p = project(&diamond());
+    assert_eq!(code(&p.run(&[])), 0);
+    let o = p.mflow(&["--log-format", "json", "output", "spec.toml", "d"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let path = std::path::PathBuf::from(v["path"].as_str().unwrap());
+    assert_eq!(v["files"][0]["path"], "out");
+    assert_eq!(v["files"][0]["blake3"].as_str().unwrap().len(), 64);
+    assert_eq!(v["digest"].as_str().unwrap().len(), 64);
+
+    let to = p.path().join("copy");
+    let o = p.mflow(&["output", "spec.toml", "d", "--download", to.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(std::fs::read(to.join("out")).unwrap(), std::fs::read(path.join("out")).unwrap());
+    let o = p.mflow(&["output", "spec.toml", "d", "--download", to.to_str().unwrap()]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("exists"), "{}", stderr(&o));
+    // Nothing staged is left beside it.
+    let left: Vec<String> = std::fs::read_dir(p.path()).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.contains("partial")).collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 #[test]
 fn gc_keeps_what_recent_runs_use() {
     let p = project(&diamond());

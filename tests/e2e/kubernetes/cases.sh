@@ -28,6 +28,10 @@ KUBELET_CASES=(
   outside_run_uploads_and_follows
   outside_detach_attach_cancel
   outside_driver_pod_deleted
+  outside_records_logs_report_download
+  outside_rights_of_a_person
+  outside_claim_without_storage_class
+  outside_two_laptops_one_spec
 )
 
 # mflow sees the artifact volume where its pods do, at /mflow (here: the hostPath behind the
@@ -736,4 +740,143 @@ EOF
   eq "$(outside_record outside_driver_pod_deleted "$run" | jq -r .status)" interrupted
   eq "$(outside_record outside_driver_pod_deleted "$run.2" | jq -r .status)" succeeded
   eq "$(trainjobs outside_driver_pod_deleted)" 2
+}
+
+# From the laptop, the cluster's runs are listed and read as local ones are: runs, status,
+# logs (followed while the stage runs), the HTML report, and an output brought back checked
+# against its digests into a directory that appears whole.
+case_outside_records_logs_report_download() {
+  local spec dir run path
+  spec=$(outside_spec outside_records_logs_report_download <<'EOF'
+[stages.tick]
+kind = "command"
+run = ["sh", "-c", "for i in 1 2 3 4 5; do echo tick $i; sleep 2; done; echo 5 > $MFLOW_OUTPUT/n"]
+
+[stages.model]
+kind = "model"
+source = "init:llama-tiny"
+EOF
+)
+  dir=$(dirname "$spec")
+  run=$(outside mf run --detach "$spec")
+  wait_until 120 stage_running outside_records_logs_report_download tick
+  expect 0 outside timeout 120 "$MFLOW_BIN" logs "$run" tick --follow --backend kubernetes
+  contains "$(last)" "tick 1"
+  contains "$(last)" "tick 5"
+  expect 0 outside timeout 300 "$MFLOW_BIN" attach "$run"
+
+  expect 0 outside mf runs --backend kubernetes
+  contains "$(last)" "$run  succeeded"
+  contains "$(last)" "ran 2, cached 0  driver succeeded"
+  expect 0 outside mf status "$run" --backend kubernetes
+  contains "$(last)" "run $run ($(pipeline_of outside_records_logs_report_download)) Succeeded"
+  contains "$(last)" "tick"
+  expect 0 outside mf logs tick --backend kubernetes
+  contains "$(last)" "tick 3"
+  expect 2 outside mf status no-such-run --backend kubernetes
+  contains "$(last)" "no run no-such-run in namespace ml"
+
+  expect 0 outside mf report "$run" --backend kubernetes --out "$dir/report.html"
+  grep -q "<html" "$dir/report.html" || { echo "the report is not HTML"; return 1; }
+  grep -q "$run" "$dir/report.html" || { echo "the report does not name the run"; return 1; }
+  if ls -A "$dir" | grep -q partial; then echo "a partial report was left"; return 1; fi
+
+  expect 0 outside mf output "$spec" model
+  path=$(last | tail -n 1)
+  case $path in /mflow/*) ;; *) echo "not a path on the volume: $path"; return 1 ;; esac
+  expect 0 outside mf output "$spec" model --download "$dir/model"
+  contains "$(last)" "each checked against its digest"
+  cmp "$dir/model/model.safetensors" "$path/model.safetensors"
+  cmp "$dir/model/config.json" "$path/config.json"
+  expect 2 outside mf output "$spec" model --download "$dir/model"
+  contains "$(last)" "exists"
+  expect 2 outside env MFLOW_DOWNLOAD_MAX_BYTES=1000 "$MFLOW_BIN" output "$spec" model --download "$dir/small"
+  contains "$(last)" "more than the download bound"
+  [ ! -e "$dir/small" ] || { echo "a refused download left a directory"; return 1; }
+}
+
+# A person gets the rights to run from a laptop from `mflow kube rbac --user`; the engine's
+# rights alone (mflow-user) are stopped by the preflight, which names what is missing.
+case_outside_rights_of_a_person() {
+  local spec
+  spec=$(outside_spec outside_rights_of_a_person <<'EOF'
+[stages.one]
+kind = "command"
+run = ["sh", "-c", "echo 1 > $MFLOW_OUTPUT/x"]
+EOF
+)
+  KUBECONFIG="$STATE_DIR/kubeconfig/mflow-user.kubeconfig" expect 3 outside mf run "$spec"
+  contains "$(last)" "create pods/exec"
+  "$MFLOW_BIN" kube rbac --namespace "$NS" --user mflow-laptop --name mflow-laptop | kc apply -f -
+  KUBECONFIG="$STATE_DIR/kubeconfig/mflow-laptop.kubeconfig" expect 0 outside mf run "$spec"
+  contains "$(last)" "succeeded: 1 ran"
+  KUBECONFIG="$STATE_DIR/kubeconfig/mflow-laptop.kubeconfig" expect 0 outside mf runs --backend kubernetes
+  contains "$(last)" "succeeded"
+}
+
+# A claim made where no StorageClass was the default stays Pending for good: the upload pod
+# cannot start, and mflow says why within seconds instead of waiting out its 5 minutes.
+case_outside_claim_without_storage_class() {
+  local spec t0
+  kc apply -f - <<'EOF'
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: mflow-no-class}
+spec:
+  accessModes: [ReadWriteMany]
+  resources: {requests: {storage: 1Gi}}
+EOF
+  spec=$(outside_spec outside_claim_without_storage_class <<'EOF'
+[stages.one]
+kind = "command"
+run = ["true"]
+EOF
+)
+  sed -i 's/^\[pipeline.kubernetes\]$/[pipeline.kubernetes]\npvc = "mflow-no-class"/' "$spec"
+  t0=$(date +%s)
+  expect 3 outside mf run "$spec"
+  contains "$(last)" "the claim mflow-no-class is Pending and names no StorageClass"
+  [ $(( $(date +%s) - t0 )) -lt 120 ] || { echo "took more than 2 minutes"; return 1; }
+  [ -z "$(kc get pods -l mflow.dev/component=volume -o json | jq -r '.items[] | select(.spec.volumes[0].persistentVolumeClaim.claimName == "mflow-no-class") | .metadata.name')" ] \
+    || { echo "the volume pod of the unbound claim was left"; return 1; }
+  kc delete pvc mflow-no-class --wait=false
+}
+
+# Two people start the same spec at once, each from a checkout of their own: both uploads
+# complete, both drivers run, and each stage runs once; the later run finds it cached.
+case_outside_two_laptops_one_spec() {
+  local a b count ra rb
+  count="$VOLUME/$(pipeline_of outside_two_laptops_one_spec)-starts"
+  rm -f "$count"
+  a=$(outside_spec outside_two_laptops_one_spec <<EOF
+[stages.slow]
+kind = "command"
+inputs = ["data.txt"]
+run = ["sh", "-c", "echo started >> $count; sleep 15; cat data.txt > \$MFLOW_OUTPUT/x"]
+EOF
+)
+  echo same >"$(dirname "$a")/data.txt"
+  b="$STATE_DIR/outside/second-laptop/spec.toml"
+  mkdir -p "$(dirname "$b")"
+  cp "$a" "$(dirname "$a")/data.txt" "$(dirname "$b")/"
+  rm -f "$VOLUME"
+  "$MFLOW_BIN" run "$a" >"$STATE_DIR/laptop-a.log" 2>&1 &
+  ra=$!
+  "$MFLOW_BIN" run "$b" >"$STATE_DIR/laptop-b.log" 2>&1 &
+  rb=$!
+  local ca=0 cb=0
+  wait $ra || ca=$?
+  wait $rb || cb=$?
+  ln -sfn "$STATE_DIR/artifacts" "$VOLUME"
+  cat "$STATE_DIR/laptop-a.log" "$STATE_DIR/laptop-b.log"
+  eq "$ca" 0 "exit of the first laptop"
+  eq "$cb" 0 "exit of the second laptop"
+  eq "$(wc -l <"$count")" 1 "times the stage started"
+  contains "$(cat "$STATE_DIR/laptop-a.log" "$STATE_DIR/laptop-b.log")" "0 ran, 1 cached"
+  local tree
+  tree=$(ls "$VOLUME/.mflow-uploads/projects" | grep -v '\.' | while read -r t; do [ -f "$VOLUME/.mflow-uploads/projects/$t/spec.toml" ] && grep -q outside-two-laptops "$VOLUME/.mflow-uploads/projects/$t/spec.toml" && echo "$t"; done)
+  [ -n "$tree" ] || { echo "no uploaded tree"; return 1; }
+  if ls -d "$VOLUME/.mflow-uploads/projects/$tree/$tree".* 2>/dev/null; then
+    ls -la "$VOLUME/.mflow-uploads/projects/$tree"; echo "an upload was left inside the tree"; return 1
+  fi
 }

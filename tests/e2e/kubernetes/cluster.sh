@@ -229,8 +229,9 @@ make_tokens() {
   mkdir -p "$KCFG"
   local line user token groups
   : >"$STATE_DIR/tokens.csv"
-  # user|groups; "nobody" has no bindings, "mflow-user" only those of mflow's RBAC.
-  for line in "admin|system:masters" "nobody|" "mflow-user|" \
+  # user|groups; "nobody" has no bindings, "mflow-user" only those of mflow's RBAC;
+  # "mflow-laptop" only what a case applies from `mflow kube rbac --user mflow-laptop`.
+  for line in "admin|system:masters" "nobody|" "mflow-user|" "mflow-laptop|" \
     "mflow-e2e-controllers|system:masters" "system:node:$NODE|system:nodes"; do
     user=${line%%|*}
     groups=${line#*|}
@@ -244,6 +245,7 @@ make_tokens() {
       admin) kubeconfig "$KCFG/admin.kubeconfig" admin "$token" ;;
       nobody) kubeconfig "$KCFG/nobody.kubeconfig" nobody "$token" ;;
       mflow-user) kubeconfig "$KCFG/mflow-user.kubeconfig" mflow-user "$token" ;;
+      mflow-laptop) kubeconfig "$KCFG/mflow-laptop.kubeconfig" mflow-laptop "$token" ;;
       mflow-e2e-controllers) kubeconfig "$KCFG/controllers.kubeconfig" controllers "$token" ;;
       system:node:*) kubeconfig "$KCFG/kubelet.kubeconfig" "system:node:$NODE" "$token" ;;
     esac

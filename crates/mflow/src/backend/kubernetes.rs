@@ -195,9 +195,14 @@ impl Kubernetes {
     /// `KUBECONFIG`, `~/.kube/config` or the pod's service account) and checks, before any
     /// stage starts, that the cluster can run the plan.
     pub async fn connect(plan: &Plan) -> Result<Kubernetes, KubernetesError> {
+        Self::connect_for(plan, mflow_kube::rbac::RULES).await
+    }
+
+    /// `connect`, checking the rights of `rules` (those of a run started outside the cluster).
+    pub async fn connect_for(plan: &Plan, rules: &'static [mflow_kube::rbac::Rule]) -> Result<Kubernetes, KubernetesError> {
         let layout = Layout::of(plan)?;
         let kube = KubeBackend::connect(layout.options(&plan.spec)?).await?;
-        kube.preflight().await?;
+        kube.preflight_for(rules).await?;
         Ok(Kubernetes { kube, layout, workloads: OnceCell::new() })
     }
 

@@ -651,7 +651,8 @@ pub fn hash_file(path: &Path) -> io::Result<String> {
     Ok(h.finalize().to_hex().to_string())
 }
 
-fn digest_of(files: &[FileEntry]) -> String {
+/// The identity of an output: the digest of its file list.
+pub fn digest_of(files: &[FileEntry]) -> String {
     let mut h = blake3::Hasher::new();
     for f in files {
         h.update(&(f.path.len() as u64).to_le_bytes());

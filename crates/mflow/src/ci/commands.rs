@@ -23,6 +23,8 @@ pub struct ReportArgs {
     /// Also write each chart as a PNG file into this directory.
     #[arg(long, value_name = "DIR")]
     pub png: Option<PathBuf>,
+    #[command(flatten)]
+    pub remote: crate::cli::RemoteArgs,
 }
 
 #[derive(Subcommand, Debug)]

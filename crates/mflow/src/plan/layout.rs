@@ -60,7 +60,7 @@ pub fn check(spec: &Spec, stages: &[StageSpec]) -> Result<(), SpecErrors> {
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(SpecErrors { path: spec.path.display().to_string(), errors })
+        Err(SpecErrors::new(&spec.path, errors))
     }
 }
 

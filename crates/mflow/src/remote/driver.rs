@@ -14,6 +14,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub const LABEL_RUN: &str = "mflow.dev/run";
 pub const CONTAINER: &str = "mflow";
+pub const ANNOTATION_PIPELINE: &str = "mflow.dev/pipeline-name";
+pub const ANNOTATION_PROJECT: &str = "mflow.dev/project";
+pub const ANNOTATION_WORKDIR: &str = "mflow.dev/workdir";
 /// Restarts after evictions and node losses (`[pipeline.kubernetes] driver_restarts`).
 pub const DEFAULT_RESTARTS: i32 = 3;
 
@@ -27,6 +30,8 @@ pub struct DriverSpec {
     /// The uploaded project on the volume, and the spec inside it.
     pub project: String,
     pub spec: String,
+    /// The run's workdir on the volume: where its record is.
+    pub workdir: String,
     pub overrides: Vec<String>,
     pub jobs: Option<usize>,
     pub force: Vec<String>,
@@ -116,7 +121,9 @@ pub fn job(d: &DriverSpec) -> Job {
         metadata: ObjectMeta {
             name: Some(job_name(&d.run)),
             labels: Some(labels.clone()),
-            annotations: Some([("mflow.dev/pipeline-name".to_string(), d.pipeline.clone()), ("mflow.dev/project".to_string(), d.project.clone())].into()),
+            annotations: Some(
+                [(ANNOTATION_PIPELINE, &d.pipeline), (ANNOTATION_PROJECT, &d.project), (ANNOTATION_WORKDIR, &d.workdir)].into_iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+            ),
             ..Default::default()
         },
         spec: Some(JobSpec {
@@ -142,6 +149,7 @@ mod tests {
             service_account: "mflow".into(),
             project: "/mflow/.mflow-uploads/projects/abc".into(),
             spec: "specs/gpt.toml".into(),
+            workdir: "/mflow/gpt".into(),
             overrides: vec!["vars.lr=1e-4".into()],
             jobs: None,
             force: vec![],

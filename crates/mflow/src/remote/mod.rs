@@ -3,8 +3,10 @@
 //! a driver Job, and this process follows it with the display of a local run.
 
 pub mod driver;
+mod download;
 mod events;
 mod follow;
+pub mod records;
 pub mod upload;
 mod volume;
 
@@ -19,6 +21,7 @@ use crate::cli::RunArgs;
 use crate::exec::display::{Display, Mode};
 use crate::exit::ExitCode;
 use crate::plan::Plan;
+pub use download::relative;
 use follow::End;
 use upload::{Bundle, UploadError};
 use volume::VolumePod;
@@ -37,9 +40,24 @@ pub enum RemoteError {
     #[error("the {what} did not start within 5 minutes: {reason}")]
     #[diagnostic(code(mflow::remote::not_started), help("check the claim (`kubectl get pvc`: a claim without a default StorageClass stays Pending) and the node's capacity"))]
     NotStarted { what: String, reason: String },
+    #[error("the claim {pvc} is Pending and names no StorageClass: nothing will provision a volume for it")]
+    #[diagnostic(code(mflow::remote::claim_unbound), help("the cluster had no default StorageClass when the claim was made: recreate it with `storageClassName` set (`kubectl get storageclass` lists them), or create a PersistentVolume for it by hand (examples/kubernetes/pvc.yaml)"))]
+    ClaimUnbound { pvc: String },
     #[error("the volume did not take the upload: {message}")]
     #[diagnostic(code(mflow::remote::receive), help("check the claim's free space and that the image has sh, tar and mv"))]
     Receive { message: String },
+    #[error("cannot read what the volume sent: {message}")]
+    #[diagnostic(code(mflow::remote::stream), help("check the free space where it is written, and try again"))]
+    Stream { message: String },
+    #[error("the output is {size}, more than the download bound of {max}")]
+    #[diagnostic(code(mflow::remote::too_large), help("set MFLOW_DOWNLOAD_MAX_BYTES to allow more, or read it where the volume is mounted"))]
+    TooLarge { size: String, max: String },
+    #[error("{dir} exists")]
+    #[diagnostic(code(mflow::remote::exists), help("download into a directory that does not exist yet: it appears when the whole output has arrived"))]
+    Exists { dir: String },
+    #[error("{message}")]
+    #[diagnostic(code(mflow::remote::in_cluster))]
+    InCluster { message: String },
     #[error("no run {run} in namespace {namespace}")]
     #[diagnostic(code(mflow::remote::no_run), help("`kubectl get jobs -l mflow.dev/component=driver` lists the runs started from outside the cluster"))]
     NoRun { run: String, namespace: String },
@@ -48,7 +66,9 @@ pub enum RemoteError {
 impl RemoteError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            RemoteError::Upload(_) | RemoteError::Image { .. } | RemoteError::NoRun { .. } => ExitCode::Invalid,
+            RemoteError::Upload(_) | RemoteError::Image { .. } | RemoteError::NoRun { .. } | RemoteError::TooLarge { .. } | RemoteError::Exists { .. } | RemoteError::InCluster { .. } => {
+                ExitCode::Invalid
+            }
             _ => ExitCode::Infra,
         }
     }
@@ -81,8 +101,9 @@ pub async fn run(plan: Plan, args: &RunArgs, detach: bool, mode: Mode) -> Result
         eprintln!("{:?}", miette::Report::new(e));
         Ok(code)
     };
-    // The preflight of a run in the cluster: Trainer, rights, runtimes, the claim.
-    let kube = match crate::backend::kubernetes::Kubernetes::connect(&plan).await {
+    // The preflight of a run in the cluster: Trainer, runtimes, the claim, and the rights of a
+    // machine outside it; the driver checks the engine's rights when it starts.
+    let kube = match crate::backend::kubernetes::Kubernetes::connect_for(&plan, mflow_kube::rbac::OUTSIDE).await {
         Ok(k) => k,
         Err(e) => {
             let code = if e.class() == crate::exec::retry::FailureClass::User { ExitCode::Invalid } else { ExitCode::Infra };
@@ -112,6 +133,7 @@ pub async fn run(plan: Plan, args: &RunArgs, detach: bool, mode: Mode) -> Result
         service_account: driver_setting(spec, "service_account").and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "mflow".into()),
         project: bundle.tree_dir(),
         spec: bundle.spec.clone(),
+        workdir: spec.workdir().display().to_string(),
         overrides: args.set.clone(),
         jobs: args.jobs,
         force: args.force.clone(),
@@ -166,7 +188,7 @@ async fn upload(bundle: &Bundle, client: kube::Client, namespace: &str, pvc: &st
             let failed = r.is_err();
             *sent.lock().unwrap() = Some(r);
             if failed { Err(std::io::Error::other("upload stream")) } else { Ok(()) }
-        }) as Box<dyn FnOnce(&mut dyn std::io::Write) -> std::io::Result<()> + Send>
+        }) as volume::Writer
     };
     let out = pod.sh(&bundle.receive_script(&nonce), Some(stream)).await;
     bar.finish_and_clear();
@@ -210,6 +232,82 @@ async fn follow_or_detach(client: kube::Client, namespace: &str, run: &str, disp
             code
         }
     })
+}
+
+/// `mflow output SPEC STAGE [--download DIR]` where the volume is not mounted: the project is
+/// uploaded as for a run (usually nothing is sent), the image's mflow answers on the volume,
+/// and the output is printed as a path there or brought to `DIR`.
+pub async fn output(plan: &Plan, stage: &str, set: &[String], download: Option<&Path>) -> Result<ExitCode, crate::Error> {
+    let fail = |e: RemoteError| {
+        let code = e.exit_code();
+        eprintln!("{:?}", miette::Report::new(e));
+        Ok(code)
+    };
+    if let Some(dir) = download.filter(|d| d.symlink_metadata().is_ok()) {
+        return fail(RemoteError::Exists { dir: dir.display().to_string() });
+    }
+    let spec = &plan.spec;
+    let kube = crate::backend::kubernetes::Kubernetes::connect_read_only(spec).await.map_err(|e| crate::Error::usage(e.to_string(), "check KUBECONFIG and the context"))?;
+    let (client, namespace) = (kube.client().clone(), kube.namespace().to_string());
+    let pvc = setting(spec, "pvc").unwrap_or_else(|| mflow_kube::DEFAULT_PVC.into());
+    let image = setting(spec, "image").unwrap_or_else(|| crate::backend::kubernetes::DEFAULT_IMAGE.into());
+    let host_network = driver_setting(spec, "host_network").and_then(|v| v.as_bool()).unwrap_or(false);
+    let bundle = match Bundle::of(plan) {
+        Ok(b) => b,
+        Err(e) => return fail(e.into()),
+    };
+    if let Err(e) = upload(&bundle, client.clone(), &namespace, &pvc, &image, host_network).await {
+        return fail(e);
+    }
+    let pod = match VolumePod::ensure(client, &namespace, &pvc, &image, host_network).await {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let tree = bundle.tree_dir();
+    let q = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let mut script = format!("cd {t} && MFLOW_PROJECT_ROOT={t} exec mflow --log-format json output {} {}", q(&format!("{tree}/{}", bundle.spec)), q(stage), t = q(&tree));
+    for s in set {
+        script.push_str(&format!(" --set {}", q(s)));
+    }
+    let answer = match pod.sh(&script, None).await {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    if !answer.success {
+        return fail(RemoteError::InCluster { message: answer.stderr });
+    }
+    let max = std::env::var("MFLOW_DOWNLOAD_MAX_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(download::DEFAULT_MAX_BYTES);
+    let listed = match download::Listed::parse(&String::from_utf8_lossy(&answer.stdout), max) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let Some(dir) = download else {
+        println!("{}", listed.path);
+        return Ok(ExitCode::Success);
+    };
+    let staging = records::staged_beside(dir);
+    let bar = indicatif::ProgressBar::new(listed.bytes());
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        bar.set_style(indicatif::ProgressStyle::with_template("download [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}").expect("a valid template"));
+    } else {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let (files, bytes) = (listed.files.len(), listed.bytes());
+    let got = pod.sh_into(&format!("exec tar -C {} -cf - .", q(&listed.path)), None, download::unpacker(listed, staging.clone(), bar.clone())).await;
+    bar.finish_and_clear();
+    let got = match got {
+        Ok(o) if o.success => Ok(()),
+        Ok(o) => Err(RemoteError::Receive { message: format!("tar in the volume pod failed: {}", o.stderr) }),
+        Err(e) => Err(e),
+    };
+    let placed = got.and_then(|()| std::fs::rename(&staging, dir).map_err(|e| RemoteError::Stream { message: format!("cannot move the download to {}: {e}", dir.display()) }));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_dir_all(&staging);
+        return fail(e);
+    }
+    eprintln!("download: {files} files ({}), each checked against its digest", upload::human(bytes));
+    println!("{}", dir.display());
+    Ok(ExitCode::Success)
 }
 
 async fn connect(namespace: Option<String>, context: Option<String>) -> Result<mflow_kube::KubeBackend, crate::Error> {

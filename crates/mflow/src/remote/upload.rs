@@ -169,13 +169,16 @@ impl Bundle {
     }
 
     /// The shell step that receives the stream on the volume and moves it into place. Only
-    /// hex digests and the nonce are spliced in; paths travel inside the tar stream.
+    /// hex digests and the nonce are spliced in; paths travel inside the tar stream. Two
+    /// uploads of one tree at once both complete: when the other's `mv` came first, this one's
+    /// lands inside the tree, and is removed.
     pub fn receive_script(&self, nonce: &str) -> String {
         let tree = &self.tree;
         format!(
             "set -eu\nmkdir -p {mount}/{UPLOADS}\ncd {mount}/{UPLOADS}\nmkdir -p blobs projects incoming/{nonce}\ntar -x -f -\n\
              for f in incoming/{nonce}/*; do [ -e \"$f\" ] && mv -f \"$f\" blobs/; done\nrmdir incoming/{nonce}\n\
-             if [ -d projects/{tree} ]; then rm -rf projects/{tree}.{nonce}; else mkdir -p projects/{tree}.{nonce} && mv projects/{tree}.{nonce} projects/{tree}; fi\n",
+             if [ -d projects/{tree} ]; then rm -rf projects/{tree}.{nonce}; else mkdir -p projects/{tree}.{nonce} && mv projects/{tree}.{nonce} projects/{tree}; fi\n\
+             rm -rf projects/{tree}/{tree}.{nonce}\n",
             mount = mflow_kube::ARTIFACT_MOUNT,
         )
     }

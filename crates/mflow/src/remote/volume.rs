@@ -18,7 +18,9 @@ const LIFETIME_S: i64 = 3600;
 const REUSE_MARGIN_S: i64 = 600;
 
 pub struct VolumePod {
+    client: kube::Client,
     pods: Api<Pod>,
+    namespace: String,
     pub name: String,
 }
 
@@ -32,7 +34,7 @@ pub struct Output {
 impl VolumePod {
     /// A running volume pod of this image and claim: an existing one, else a new one.
     pub async fn ensure(client: kube::Client, namespace: &str, pvc: &str, image: &str, host_network: bool) -> Result<VolumePod, RemoteError> {
-        let pods: Api<Pod> = Api::namespaced(client, namespace);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let call = |verb: &'static str| move |e: kube::Error| RemoteError::Kube { what: format!("{verb} the volume pod"), message: mflow_kube::describe(&e) };
         let listed = pods.list(&ListParams::default().labels("mflow.dev/component=volume")).await.map_err(call("list"))?;
         let now = k8s_openapi::jiff::Timestamp::now();
@@ -44,7 +46,7 @@ impl VolumePod {
                     && s.volumes.iter().flatten().any(|v| v.persistent_volume_claim.as_ref().is_some_and(|c| c.claim_name == pvc))
             });
             if fresh && running && same {
-                return Ok(VolumePod { pods, name: p.metadata.name.unwrap_or_default() });
+                return Ok(VolumePod { client, pods, namespace: namespace.to_string(), name: p.metadata.name.unwrap_or_default() });
             }
         }
         let name = format!("mflow-volume-{:08x}", fastrand::u32(..));
@@ -77,7 +79,7 @@ impl VolumePod {
             ..Default::default()
         };
         pods.create(&PostParams::default(), &pod).await.map_err(call("create"))?;
-        let vp = VolumePod { pods, name };
+        let vp = VolumePod { client, pods, namespace: namespace.to_string(), name };
         vp.wait_running(image, pvc).await?;
         Ok(vp)
     }
@@ -106,6 +108,9 @@ impl VolumePod {
             }
             if let Some(c) = status.conditions.iter().flatten().find(|c| c.type_ == "PodScheduled" && c.status == "False") {
                 last = c.message.clone().unwrap_or_else(|| "unschedulable".into());
+                if t0.elapsed() > Duration::from_secs(10) {
+                    self.check_claim(pvc).await?;
+                }
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
@@ -114,13 +119,40 @@ impl VolumePod {
         Err(RemoteError::NotStarted { what: format!("volume pod {} (claim {pvc})", self.name), reason })
     }
 
+    /// A claim that waits for a volume no one will provision: it names no StorageClass, so
+    /// none was the default when it was made, and only a PersistentVolume made for it by hand
+    /// can bind it.
+    async fn check_claim(&self, pvc: &str) -> Result<(), RemoteError> {
+        let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &self.namespace);
+        let Ok(Some(claim)) = claims.get_opt(pvc).await else { return Ok(()) };
+        let pending = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending");
+        let class = claim.spec.as_ref().and_then(|s| s.storage_class_name.clone());
+        if pending && class.is_none() {
+            let _ = self.delete().await;
+            return Err(RemoteError::ClaimUnbound { pvc: pvc.to_string() });
+        }
+        Ok(())
+    }
+
     pub async fn delete(&self) -> Result<(), kube::Error> {
         self.pods.delete(&self.name, &Default::default()).await.map(|_| ())
     }
 
-    /// Runs `sh -c script` in the pod; `stdin`, when given, is written by the callback from a
-    /// blocking thread (a tar stream is written with `std::io::Write`).
-    pub async fn sh(&self, script: &str, stdin: Option<Box<dyn FnOnce(&mut dyn std::io::Write) -> std::io::Result<()> + Send>>) -> Result<Output, RemoteError> {
+    /// Runs `sh -c script` in the pod and collects what it prints; `stdin`, when given, is
+    /// written by the callback from a blocking thread (a tar stream is written with
+    /// `std::io::Write`).
+    pub async fn sh(&self, script: &str, stdin: Option<Writer>) -> Result<Output, RemoteError> {
+        let collected = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = collected.clone();
+        let read: Reader = Box::new(move |r: &mut dyn std::io::Read| r.read_to_end(&mut sink.lock().unwrap()).map(|_| ()));
+        let mut out = self.sh_into(script, stdin, read).await?;
+        out.stdout = std::mem::take(&mut *collected.lock().unwrap());
+        Ok(out)
+    }
+
+    /// `sh`, with stdout handed to `stdout` as it comes, on a blocking thread: a log that is
+    /// followed, a tar stream that is unpacked. When `stdout` returns early the stream is closed.
+    pub async fn sh_into(&self, script: &str, stdin: Option<Writer>, stdout: Reader) -> Result<Output, RemoteError> {
         let ap = AttachParams::default().container("volume").stdin(stdin.is_some()).stdout(true).stderr(true);
         let mut proc = self
             .pods
@@ -128,7 +160,7 @@ impl VolumePod {
             .await
             .map_err(|e| RemoteError::Kube { what: format!("exec in the volume pod {}", self.name), message: mflow_kube::describe(&e) })?;
         let status = proc.take_status();
-        let mut stdout = proc.stdout().expect("stdout was requested");
+        let out = proc.stdout().expect("stdout was requested");
         let mut stderr = proc.stderr().expect("stderr was requested");
         let writer = match (stdin, proc.stdin()) {
             (Some(write), Some(w)) => Some(tokio::task::spawn_blocking(move || {
@@ -140,32 +172,50 @@ impl VolumePod {
             })),
             _ => None,
         };
-        let out = async {
-            let mut b = Vec::new();
-            stdout.read_to_end(&mut b).await.map(|_| b)
-        };
+        let reader = tokio::task::spawn_blocking(move || {
+            let mut sync = tokio_util::io::SyncIoBridge::new(out);
+            let r = stdout(&mut sync);
+            // Whatever the callback left unread is drained, so that the command can end.
+            if r.is_ok() {
+                let _ = std::io::copy(&mut sync, &mut std::io::sink());
+            }
+            r
+        });
         let err = async {
             let mut b = Vec::new();
-            stderr.read_to_end(&mut b).await.map(|_| b)
+            // A bounded stderr: a command that prints megabytes of errors is quoted in part.
+            let _ = (&mut stderr).take(1 << 20).read_to_end(&mut b).await;
+            b
         };
-        let (out, err) = tokio::join!(out, err);
+        let (read, err) = tokio::join!(reader, err);
+        let read = read.map_err(|e| std::io::Error::other(e.to_string())).and_then(|r| r);
         let sent = match writer {
             Some(h) => h.await.map_err(|e| std::io::Error::other(e.to_string())).and_then(|r| r),
             None => Ok(()),
         };
-        let st = match status {
-            Some(s) => s.await,
-            None => None,
+        let st = match (&read, status) {
+            (Ok(()), Some(s)) => s.await,
+            _ => None,
         };
+        drop(stderr);
         let _ = proc.join().await;
-        let stderr = String::from_utf8_lossy(&err.unwrap_or_default()).trim().to_string();
+        let stderr = String::from_utf8_lossy(&err).trim().to_string();
+        let with_stderr = |e: std::io::Error| if stderr.is_empty() { e.to_string() } else { format!("{e}: {stderr}") };
         if let Err(e) = sent {
-            return Err(RemoteError::Kube { what: "send the upload stream".into(), message: if stderr.is_empty() { e.to_string() } else { format!("{e}: {stderr}") } });
+            return Err(RemoteError::Kube { what: "send the upload stream".into(), message: with_stderr(e) });
+        }
+        if let Err(e) = read {
+            return Err(RemoteError::Stream { message: with_stderr(e) });
         }
         let success = st.as_ref().is_some_and(|s| s.status.as_deref() == Some("Success"));
-        Ok(Output { stdout: out.unwrap_or_default(), stderr, success })
+        Ok(Output { stdout: Vec::new(), stderr, success })
     }
 }
+
+/// Writes a command's stdin, on a blocking thread.
+pub type Writer = Box<dyn FnOnce(&mut dyn std::io::Write) -> std::io::Result<()> + Send>;
+/// Reads a command's stdout, on a blocking thread.
+pub type Reader = Box<dyn FnOnce(&mut dyn std::io::Read) -> std::io::Result<()> + Send>;
 
 /// Lines of a pod's log as they come, until the container ends.
 pub async fn follow_log(pods: &Api<Pod>, name: &str, container: &str, mut each: impl FnMut(&str)) -> Result<(), kube::Error> {

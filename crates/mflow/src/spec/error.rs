@@ -193,6 +193,53 @@ pub struct SpecErrors {
     pub errors: Vec<SpecError>,
 }
 
+impl SpecErrors {
+    /// The errors of the spec at `path`, each with its quotes bounded.
+    pub fn new(path: &std::path::Path, errors: Vec<SpecError>) -> Self {
+        SpecErrors { path: path.display().to_string(), errors: errors.into_iter().map(SpecError::bounded).collect() }
+    }
+}
+
+impl SpecError {
+    /// Cuts every text a message quotes from the spec to an excerpt, whatever built it: a name,
+    /// value or candidate list of megabytes must not make a message of megabytes. The match is
+    /// exhaustive so that a new kind of error cannot skip it.
+    fn bounded(mut self) -> Self {
+        let texts: Vec<&mut String> = match &mut self {
+            SpecError::Io { .. } | SpecError::NoStages { .. } => vec![],
+            SpecError::Syntax { message, .. } => vec![message],
+            SpecError::UnknownKey { key, table, help, .. } => vec![key, table, help],
+            SpecError::WrongType { key, expected, found, help, .. } => vec![key, expected, found, help],
+            SpecError::MissingKey { key, table, help, .. } => vec![key, table, help],
+            SpecError::InvalidValue { key, reason, help, .. } => vec![key, reason, help],
+            SpecError::UnknownKind { kind, help, .. } => vec![kind, help],
+            SpecError::UnknownStage { stage, name, help, .. } => vec![stage, name, help],
+            SpecError::UnknownVar { name, help, .. } => vec![name, help],
+            SpecError::Interpolation { text, .. } => vec![text],
+            SpecError::Cycle { cycle, edges, .. } => {
+                edges.truncate(MAX_LABELS);
+                vec![cycle]
+            }
+            SpecError::StageName { name, .. } => vec![name],
+            SpecError::StageNameClash { first, second, var, .. } => vec![first, second, var],
+            SpecError::Workdir { value, reason, help, .. } => vec![value, reason, help],
+            SpecError::Override { arg, reason } => vec![arg, reason],
+        };
+        for text in texts {
+            if text.chars().nth(MAX_QUOTE).is_some() {
+                *text = excerpt_of(text, MAX_QUOTE);
+            }
+        }
+        self
+    }
+}
+
+/// Longest text one field of a message quotes: enough for a sentence of reasons or a list of
+/// twenty keys.
+const MAX_QUOTE: usize = 600;
+/// Most edges a cycle's diagnostic labels.
+const MAX_LABELS: usize = 32;
+
 fn count(n: usize) -> String {
     if n == 1 { "1 problem".into() } else { format!("{n} problems") }
 }
@@ -222,8 +269,11 @@ pub fn did_you_mean(word: &str, candidates: &[&str], what: &str) -> String {
 /// At most 120 characters of text from a spec, for messages: a 5000-character key or path is
 /// shown by its start and its size, not in full.
 pub fn excerpt(text: &str) -> String {
-    const MAX: usize = 120;
-    match text.char_indices().nth(MAX) {
+    excerpt_of(text, 120)
+}
+
+fn excerpt_of(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
         None => text.to_string(),
         Some((end, _)) => format!("{}… ({} bytes)", &text[..end], text.len()),
     }
@@ -246,6 +296,35 @@ mod tests {
                 let msg = err.to_string();
                 assert!(msg.len() < 600, "{} bytes: {}", msg.len(), super::excerpt(&msg));
                 assert!(msg.contains("(5000 bytes)") || msg.contains("(5006 bytes)"), "{msg}");
+            }
+        }
+    }
+
+    /// Every other place a spec's text reaches a message: names, kinds, interpolations, and the
+    /// candidate lists of the help.
+    #[test]
+    fn every_message_and_help_stays_short() {
+        use miette::Diagnostic;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spec.toml");
+        let long = "k".repeat(5000);
+        let many: String = (0..3000).map(|i| format!("[stages.s{i}]\nkind = \"command\"\nrun = [\"true\"]\n")).collect();
+        let head = "[pipeline]\nname = \"p\"\n";
+        let specs = [
+            format!("{head}[stages.a]\nkind = \"{long}\"\n"),
+            format!("{head}[stages.a]\nkind = \"command\"\nrun = [\"true\"]\nneeds = [\"{long}\"]\n"),
+            format!("{head}[stages.a]\nkind = \"command\"\nrun = [\"${{vars.{long}}}\"]\n"),
+            format!("{head}[stages.a]\nkind = \"command\"\nrun = [\"${{{long}\"]\n"),
+            format!("{head}[stages.a{long}]\nkind = \"command\"\nrun = [\"true\"]\n"),
+            format!("{head}{many}[stages.a]\nkind = \"command\"\nrun = [\"true\"]\nneeds = [\"zzzz\"]\n"),
+        ];
+        for text in specs {
+            let e = crate::spec::parse(&path, &text, &[]).unwrap_err();
+            for err in &e.errors {
+                let msg = err.to_string();
+                assert!(msg.len() < 1500, "{} bytes: {}", msg.len(), super::excerpt(&msg));
+                let help = err.help().map(|h| h.to_string()).unwrap_or_default();
+                assert!(help.len() < 1500, "help of {} bytes: {}", help.len(), super::excerpt(&help));
             }
         }
     }

@@ -109,7 +109,7 @@ const TOP: &[&str] = &["pipeline", "vars", "env", "stages", "schedule", "notify"
 pub const MAX_SPEC_BYTES: u64 = 16 << 20;
 
 pub fn load(path: &Path, overrides: &[String]) -> Result<Spec, SpecErrors> {
-    let io_error = |source| SpecErrors { path: path.display().to_string(), errors: vec![SpecError::Io { path: path.to_path_buf(), source }] };
+    let io_error = |source| SpecErrors::new(path, vec![SpecError::Io { path: path.to_path_buf(), source }]);
     // A regular file of bounded size: a FIFO would hang mflow, a huge file fill every record.
     let bytes = crate::cache::read_regular(path, MAX_SPEC_BYTES).map_err(io_error)?;
     let text = String::from_utf8(bytes).map_err(|_| io_error(std::io::Error::new(std::io::ErrorKind::InvalidData, "it is not UTF-8 text")))?;
@@ -153,7 +153,7 @@ pub fn parse(path: &Path, text: &str, overrides: &[String]) -> Result<Spec, Spec
 fn parse_in(path: &Path, dir: PathBuf, text: &str, overrides: &[String]) -> Result<Spec, SpecErrors> {
     let source: Arc<str> = Arc::from(text);
     let src: Src = NamedSource::new(path.display().to_string(), source.clone());
-    let fail = |errors: Vec<SpecError>| SpecErrors { path: path.display().to_string(), errors };
+    let fail = |errors: Vec<SpecError>| SpecErrors::new(path, errors);
 
     let mut root = tree::parse(text).map_err(|e| {
         fail(vec![SpecError::Syntax { src: src.clone(), span: to_span(e.span()), message: e.message().trim().to_string() }])
