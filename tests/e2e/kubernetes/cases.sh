@@ -755,9 +755,17 @@ run = ["sh", "-c", "for i in 1 2 3 4 5; do echo tick $i; sleep 2; done; echo 5 >
 [stages.model]
 kind = "model"
 source = "init:llama-tiny"
+
+# An input already on the volume: hashed by the driver, not sent.
+[stages.shared]
+kind = "command"
+inputs = ["/mflow/e2e/outside-shared.txt"]
+run = ["sh", "-c", "cat /mflow/e2e/outside-shared.txt > $MFLOW_OUTPUT/x"]
 EOF
 )
   dir=$(dirname "$spec")
+  mkdir -p "$VOLUME/e2e"
+  echo "on the volume" >"$VOLUME/e2e/outside-shared.txt"
   run=$(outside mf run --detach "$spec")
   wait_until 120 stage_running outside_records_logs_report_download tick
   expect 0 outside timeout 120 "$MFLOW_BIN" logs "$run" tick --follow --backend kubernetes
@@ -767,7 +775,8 @@ EOF
 
   expect 0 outside mf runs --backend kubernetes
   contains "$(last)" "$run  succeeded"
-  contains "$(last)" "ran 2, cached 0  driver succeeded"
+  contains "$(last)" "ran 3, cached 0  driver succeeded"
+  eq "$(cat "$(outside_record outside_records_logs_report_download "$run" | jq -r .stages.shared.output)/x")" "on the volume"
   expect 0 outside mf status "$run" --backend kubernetes
   contains "$(last)" "run $run ($(pipeline_of outside_records_logs_report_download)) Succeeded"
   contains "$(last)" "tick"

@@ -55,7 +55,13 @@ pub struct InputHasher {
     /// The directory relative inputs start at, and the same held open to stat from.
     base: PathBuf,
     base_dir: Option<OpenDir>,
+    /// The artifact volume is the cluster's, not mounted here: files on it are hashed by the
+    /// run's driver there, not by this plan.
+    volume_elsewhere: bool,
 }
+
+/// The digest a plan made where the volume is not mounted gives an input on it.
+pub const ON_THE_VOLUME: &str = "on-the-volume";
 
 /// The stat cache of a workdir as last saved, which a run reads while its spec loads.
 pub struct KnownInputs {
@@ -79,7 +85,13 @@ impl InputHasher {
             Some(k) if k.path == path => k,
             _ => KnownInputs::read(workdir),
         };
-        InputHasher { path, known: known.stats, fresh: Mutex::default(), base: base.to_path_buf(), base_dir: OpenDir::open(base).ok() }
+        InputHasher { path, known: known.stats, fresh: Mutex::default(), base: base.to_path_buf(), base_dir: OpenDir::open(base).ok(), volume_elsewhere: false }
+    }
+
+    /// Inputs on the artifact volume are left to the cluster (see [`ON_THE_VOLUME`]).
+    pub fn volume_elsewhere(mut self, yes: bool) -> Self {
+        self.volume_elsewhere = yes;
+        self
     }
 
     /// Expands `patterns` (relative to `base`, which must not be left) and digests every file.
@@ -89,6 +101,10 @@ impl InputHasher {
         let mut out = BTreeMap::new();
         for pattern in patterns {
             let p = Path::new(pattern);
+            if self.volume_elsewhere && p.is_absolute() && p.starts_with(mflow_kube::ARTIFACT_MOUNT) {
+                out.insert(pattern.clone(), ON_THE_VOLUME.to_string());
+                continue;
+            }
             // `base` is inside `root`, so only a `..` can lead out of it.
             if !p.is_absolute() && p.components().any(|c| c == Component::ParentDir) && escapes(&base.join(p), root) {
                 return Err(InputError::Escapes { stage: stage.into(), pattern: pattern.clone(), root: root.to_path_buf() });

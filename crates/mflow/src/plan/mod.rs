@@ -107,7 +107,7 @@ fn build_inner(mut spec: Spec, env: &Environment, known: Option<inputs::KnownInp
     let position: BTreeMap<String, usize> = order.iter().enumerate().map(|(pos, &i)| (stage_specs[i].name.clone(), pos)).collect();
     // Parameters resolve on one thread while input files are stat-ed (and hashed when new) on
     // two: the inputs of a large DAG are most of the planning.
-    let hasher = InputHasher::open(&spec.workdir(), &spec.dir, known);
+    let hasher = InputHasher::open(&spec.workdir(), &spec.dir, known).volume_elsewhere(spec.pipeline.backend == "kubernetes" && crate::remote::needed(&spec));
     let digest = |&i: &usize| {
         let st = &stage_specs[i];
         let mut patterns = st.inputs.clone();
