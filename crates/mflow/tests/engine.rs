@@ -486,3 +486,34 @@ fn an_unchanged_spec_is_not_checked_again() {
     assert!(!reused(&damaged));
     assert!(reused(&validate(&[])));
 }
+
+/// Python warnings a stage repeats reach the console once, shortened and without the source line
+/// Python quotes under each; the attempt log keeps every line as printed.
+#[test]
+fn a_repeated_python_warning_is_shown_once_and_logged_whole() {
+    let spec = r#"
+[pipeline]
+name = "warn"
+[stages.w]
+kind = "command"
+run = ["sh", "-c", "for i in 1 2 3; do echo '/usr/lib/python3/dist-packages/megatron/core/utils.py:123: UserWarning: Transformer Engine is not installed' >&2; echo '  warnings.warn(\"Transformer Engine is not installed\")' >&2; done; echo 'step 1: loss 2.5, 0 warnings'; echo ok > $MFLOW_OUTPUT/ok"]
+"#;
+    let p = Project::new(spec);
+    let o = p.run(&[]);
+    let err = stderr(&o);
+    assert_eq!(code(&o), 0, "{err}");
+    assert_eq!(err.matches("warning (shown once): UserWarning: Transformer Engine is not installed").count(), 1, "{err}");
+    assert!(!err.contains("utils.py:123") && !err.contains("warnings.warn("), "{err}");
+    assert!(err.contains("w | step 1: loss 2.5, 0 warnings"), "{err}");
+
+    let r = p.latest_record();
+    let runs = p.file(".mflow/runs").join(r["id"].as_str().unwrap());
+    let log = std::fs::read_to_string(runs.join(r["stages"]["w"]["attempts"][0]["log"].as_str().unwrap())).unwrap();
+    // stdout and stderr are read apart, so the normal line's place among the others may vary.
+    let mut logged: Vec<&str> = log.lines().collect();
+    logged.sort_unstable();
+    let mut printed = ["/usr/lib/python3/dist-packages/megatron/core/utils.py:123: UserWarning: Transformer Engine is not installed", "  warnings.warn(\"Transformer Engine is not installed\")"].repeat(3);
+    printed.push("step 1: loss 2.5, 0 warnings");
+    printed.sort_unstable();
+    assert_eq!(logged, printed);
+}
