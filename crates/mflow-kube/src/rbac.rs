@@ -75,7 +75,8 @@ pub const OUTSIDE: &[Rule] = &[
         cluster: false,
         why: "a short-lived pod that mounts the artifact claim, for uploads and reads; the driver's pods",
     },
-    Rule { group: "", resource: "pods/exec", verbs: &["create"], cluster: false, why: "tar streams to and from the volume; a cancel signals the driver" },
+    // An exec over WebSocket is a GET: the API server checks `get` as well as `create`.
+    Rule { group: "", resource: "pods/exec", verbs: &["create", "get"], cluster: false, why: "tar streams to and from the volume; a cancel signals the driver" },
     Rule { group: "", resource: "pods/log", verbs: &["get"], cluster: false, why: "the driver's events, rendered as a local run's display" },
     Rule {
         group: "batch",

@@ -882,10 +882,16 @@ EOF
   eq "$cb" 0 "exit of the second laptop"
   eq "$(wc -l <"$count")" 1 "times the stage started"
   contains "$(cat "$STATE_DIR/laptop-a.log" "$STATE_DIR/laptop-b.log")" "0 ran, 1 cached"
-  local tree
-  tree=$(ls "$VOLUME/.mflow-uploads/projects" | grep -v '\.' | while read -r t; do [ -f "$VOLUME/.mflow-uploads/projects/$t/spec.toml" ] && grep -q outside-two-laptops "$VOLUME/.mflow-uploads/projects/$t/spec.toml" && echo "$t"; done)
-  [ -n "$tree" ] || { echo "no uploaded tree"; return 1; }
-  if ls -d "$VOLUME/.mflow-uploads/projects/$tree/$tree".* 2>/dev/null; then
-    ls -la "$VOLUME/.mflow-uploads/projects/$tree"; echo "an upload was left inside the tree"; return 1
+  # Both drivers ran the one uploaded tree, and neither upload was left inside it.
+  local projects tree
+  projects=$(kc get jobs -l "mflow.dev/component=driver,mflow.dev/pipeline=$(pipeline_of outside_two_laptops_one_spec)" -o json | jq -r '.items[].metadata.annotations["mflow.dev/project"]' | sort -u)
+  if [ "$(wc -l <<<"$projects")" != 1 ]; then
+    for t in $projects; do ls -la "$t"; done
+    diff -r $projects || true
+    echo "two trees for one project"; return 1
+  fi
+  tree=$(basename "$projects")
+  if ls -d "$projects/$tree".* 2>/dev/null; then
+    ls -la "$projects"; echo "an upload was left inside the tree"; return 1
   fi
 }

@@ -107,7 +107,14 @@ pub async fn run(plan: Plan, args: &RunArgs, detach: bool, mode: Mode) -> Result
         Ok(k) => k,
         Err(e) => {
             let code = if e.class() == crate::exec::retry::FailureClass::User { ExitCode::Invalid } else { ExitCode::Infra };
+            let person = match &e {
+                crate::backend::kubernetes::KubernetesError::Kube(mflow_kube::KubeError::Forbidden { rbac_namespace, .. }) => Some(rbac_namespace.clone()),
+                _ => None,
+            };
             eprintln!("{:?}", miette::Report::new(e));
+            if let Some(ns) = person {
+                eprintln!("  from outside the cluster, a person gets these rights from `mflow kube rbac --namespace {ns} --user NAME`");
+            }
             return Ok(code);
         }
     };
