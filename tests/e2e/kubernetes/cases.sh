@@ -32,6 +32,7 @@ KUBELET_CASES=(
   outside_rights_of_a_person
   outside_claim_without_storage_class
   outside_two_laptops_one_spec
+  outside_images_that_cannot_drive
 )
 
 # mflow sees the artifact volume where its pods do, at /mflow (here: the hostPath behind the
@@ -894,4 +895,24 @@ EOF
   if ls -d "$projects/$tree".* 2>/dev/null; then
     ls -la "$projects"; echo "an upload was left inside the tree"; return 1
   fi
+}
+
+# The driver runs the image's mflow: an image that cannot be pulled, or one without mflow, is
+# refused before anything is uploaded or started, naming the image.
+case_outside_images_that_cannot_drive() {
+  local spec
+  bash "$E2E_DIR/image.sh" mflow-e2e/plain:dev >"$STATE_DIR/plain-image.log" 2>&1 || { cat "$STATE_DIR/plain-image.log"; return 1; }
+  spec=$(outside_spec outside_images_that_cannot_drive <<'EOF'
+[stages.one]
+kind = "command"
+run = ["true"]
+EOF
+)
+  sed -i 's|^image = .*|image = "mflow-e2e/plain:dev"|' "$spec"
+  expect 2 outside mf run "$spec"
+  contains "$(last)" "the image mflow-e2e/plain:dev has no mflow to run"
+  sed -i 's|^image = .*|image = "127.0.0.1:5999/mflow-e2e/not-there:1"|' "$spec"
+  expect 2 outside timeout 120 "$MFLOW_BIN" run "$spec"
+  contains "$(last)" "the image 127.0.0.1:5999/mflow-e2e/not-there:1 cannot be pulled"
+  eq "$(kc get jobs -l "mflow.dev/component=driver,mflow.dev/pipeline=$(pipeline_of outside_images_that_cannot_drive)" -o name | wc -l)" 0 "drivers started"
 }

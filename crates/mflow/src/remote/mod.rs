@@ -37,6 +37,9 @@ pub enum RemoteError {
     #[error("the image {image} cannot be pulled: {reason}")]
     #[diagnostic(code(mflow::remote::image), help("set [pipeline.kubernetes] image to an mflow image the cluster can pull (the default is ghcr.io/mflow-dev/mflow-cpu:<version>)"))]
     Image { image: String, reason: String },
+    #[error("the image {image} has no mflow to run: {message}")]
+    #[diagnostic(code(mflow::remote::not_mflow), help("set [pipeline.kubernetes] image to an mflow image (mflow on its PATH) of this version: ghcr.io/mflow-dev/mflow-cpu:<version>, or one built from docker/Dockerfile"))]
+    NotMflowImage { image: String, message: String },
     #[error("the {what} did not start within 5 minutes: {reason}")]
     #[diagnostic(code(mflow::remote::not_started), help("check the claim (`kubectl get pvc`: a claim without a default StorageClass stays Pending) and the node's capacity"))]
     NotStarted { what: String, reason: String },
@@ -66,7 +69,7 @@ pub enum RemoteError {
 impl RemoteError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            RemoteError::Upload(_) | RemoteError::Image { .. } | RemoteError::NoRun { .. } | RemoteError::TooLarge { .. } | RemoteError::Exists { .. } | RemoteError::InCluster { .. } => {
+            RemoteError::Upload(_) | RemoteError::Image { .. } | RemoteError::NotMflowImage { .. } | RemoteError::NoRun { .. } | RemoteError::TooLarge { .. } | RemoteError::Exists { .. } | RemoteError::InCluster { .. } => {
                 ExitCode::Invalid
             }
             _ => ExitCode::Infra,
@@ -169,6 +172,7 @@ pub async fn run(plan: Plan, args: &RunArgs, detach: bool, mode: Mode) -> Result
 /// Sends what the volume lacks; says what it sent.
 async fn upload(bundle: &Bundle, client: kube::Client, namespace: &str, pvc: &str, image: &str, host_network: bool) -> Result<(), RemoteError> {
     let pod = VolumePod::ensure(client, namespace, pvc, image, host_network).await?;
+    check_image(&pod, image).await?;
     let probe = pod.sh(&bundle.probe_script(), None).await?;
     let listed = String::from_utf8_lossy(&probe.stdout).to_string();
     let mut lines = listed.lines().peekable();
@@ -208,6 +212,21 @@ async fn upload(bundle: &Bundle, client: kube::Client, namespace: &str, pvc: &st
     }
     let sent_files = bundle.files.iter().filter(|f| !present.contains(&f.digest)).count();
     eprintln!("upload: sent {sent_files} of {} files ({})", bundle.files.len(), upload::human(total));
+    Ok(())
+}
+
+/// The driver runs the image's mflow: one that is missing fails here, before anything is
+/// sent; another version than this one is said, since the run is the image's.
+async fn check_image(pod: &VolumePod, image: &str) -> Result<(), RemoteError> {
+    let out = pod.sh("exec mflow --version", None).await?;
+    let theirs = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.success || !theirs.starts_with("mflow ") {
+        return Err(RemoteError::NotMflowImage { image: image.to_string(), message: if out.stderr.is_empty() { theirs } else { out.stderr } });
+    }
+    let ours = format!("mflow {}", env!("CARGO_PKG_VERSION"));
+    if theirs != ours {
+        eprintln!("warning: the image {image} has {theirs} and this is {ours}; the run is the image's");
+    }
     Ok(())
 }
 
