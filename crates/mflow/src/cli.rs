@@ -137,7 +137,7 @@ pub enum Command {
     /// Inspect and mend the cache of a workdir.
     #[command(subcommand)]
     Cache(CacheCommand),
-    /// Report Python, torch, CUDA devices, NCCL and megatron-core.
+    /// Report Python, torch, the GPUs, NCCL and megatron-core, as the Python stages see them.
     Doctor,
     /// Provision the Python environment of the workloads and print its interpreter.
     Env,
@@ -717,6 +717,14 @@ pub fn render_plan(decisions: &[plan::StageDecision]) -> String {
         };
         out.push_str(&format!("{:<w$}  {:<9} {:<7} {}\n", d.stage, d.kind, action, why));
     }
+    // Which engine each stage runs and why, below the table: the same line a run prints.
+    let engines: Vec<_> = decisions.iter().filter_map(|d| Some((&d.stage, d.engine.as_ref()?))).collect();
+    if !engines.is_empty() {
+        out.push('\n');
+        for (stage, engine) in engines {
+            out.push_str(&format!("{stage}: {engine}\n"));
+        }
+    }
     out
 }
 
@@ -831,17 +839,26 @@ fn refused(e: crate::cache::CacheError) -> ExitCode {
 
 fn doctor() -> Result<ExitCode, Error> {
     let env = Environment::detect(None);
+    let python = env.python()?;
+    // The probe gets what a Python stage gets (`stages::python_env`): the same PYTHONPATH, with
+    // the user's own after the workloads, so that it finds the modules that the stages import.
+    let stage_env = crate::stages::python_env(&env)?;
+    let out = std::process::Command::new(&python).args(["-m", "mflow_workloads.doctor"]).envs(&stage_env).output().map_err(|e| Error::io(&python, e))?;
+    let probe: Option<serde_json::Value> = serde_json::from_slice(&out.stdout).ok();
+    // torch's view of the GPUs when it sees the same ones (CUDA_VISIBLE_DEVICES is inherited),
+    // else nvidia-smi's; else indices alone.
+    let torch_gpus: Vec<Option<crate::env::GpuInfo>> = probe
+        .as_ref()
+        .and_then(|p| p["cuda_devices"].as_array())
+        .map(|d| d.iter().map(|g| Some(crate::env::GpuInfo { name: g["name"].as_str()?.to_string(), memory_gib: g["memory_gib"].as_f64() })).collect())
+        .unwrap_or_default();
+    let gpus = if !env.gpus.is_empty() && torch_gpus.len() == env.gpus.len() { torch_gpus } else { crate::env::nvidia_smi_gpus(&env.gpus) };
     println!("mflow {}", env!("CARGO_PKG_VERSION"));
     println!("cpus: {}", env.cpus);
-    println!("gpus visible: {}", if env.gpus.is_empty() { "none".to_string() } else { env.gpus.join(",") });
+    println!("{}", crate::env::describe_gpus(&env.gpus, &gpus));
     println!("python environment: {}", env.python_digest());
-    let python = env.python()?;
-    let dir = env.workloads_dir()?;
-    let out = std::process::Command::new(&python)
-        .args(["-m", "mflow_workloads.doctor"])
-        .env("PYTHONPATH", &dir)
-        .output()
-        .map_err(|e| Error::io(&python, e))?;
+    println!("python: {}", python.display());
+    println!("PYTHONPATH (as the stages get it): {}", stage_env["PYTHONPATH"]);
     print!("{}", String::from_utf8_lossy(&out.stdout));
     if !out.status.success() {
         eprint!("{}", String::from_utf8_lossy(&out.stderr));

@@ -37,6 +37,12 @@ pub struct Environment {
 }
 
 impl Environment {
+    /// This machine with `gpus` in place of the GPUs it has: for tests and for planning as if
+    /// on another machine.
+    pub fn with_gpus(self, gpus: Vec<String>) -> Environment {
+        Environment { gpus, ..self }
+    }
+
     /// `spec_python`: the spec's `[env] python`; MFLOW_PYTHON wins over it.
     pub fn detect(spec_python: Option<&str>) -> Environment {
         let configured_python = std::env::var("MFLOW_PYTHON").ok().filter(|s| !s.is_empty()).or(spec_python.map(str::to_string));
@@ -183,7 +189,6 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     if status.success() { Ok(()) } else { Err(format!("{:?} failed with {status}", cmd.get_program())) }
 }
 
-/// GPUs visible to this process: CUDA_VISIBLE_DEVICES when set, else the NVIDIA driver's list.
 /// The running mflow binary (its path, size and mtime), for what must not outlive a rebuild.
 /// Found once per process.
 pub fn binary_identity() -> Option<&'static [u8]> {
@@ -201,10 +206,105 @@ pub fn binary_identity() -> Option<&'static [u8]> {
     IDENTITY.get_or_init(find).as_deref()
 }
 
+/// Where the NVIDIA driver lists its GPUs, one directory each.
+const DRIVER_GPUS: &str = "/proc/driver/nvidia/gpus";
+
+/// GPUs visible to this process: CUDA_VISIBLE_DEVICES when set, else the NVIDIA driver's list.
+/// `MFLOW_NVIDIA_GPUS_DIR` stands in for the driver's list (a directory with one entry per
+/// GPU), so that tests can plan for a GPU machine on one without GPUs; nothing else reads it.
 pub fn detect_gpus() -> Vec<String> {
     if let Ok(v) = std::env::var("CUDA_VISIBLE_DEVICES") {
         return v.split(',').map(str::trim).filter(|s| !s.is_empty() && *s != "-1").map(str::to_string).collect();
     }
-    let n = std::fs::read_dir("/proc/driver/nvidia/gpus").map(|rd| rd.count()).unwrap_or(0);
+    let dir = std::env::var_os("MFLOW_NVIDIA_GPUS_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DRIVER_GPUS));
+    let n = std::fs::read_dir(dir).map(|rd| rd.count()).unwrap_or(0);
     (0..n).map(|i| i.to_string()).collect()
+}
+
+/// What is known of one GPU for `mflow doctor`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuInfo {
+    pub name: String,
+    pub memory_gib: Option<f64>,
+}
+
+/// `gpus: 1 visible (index 0: NVIDIA H200, 140 GiB)`: `ids` as `detect_gpus` finds them
+/// (indices, or UUIDs from CUDA_VISIBLE_DEVICES), `info` what is known of each, in that order.
+/// A GPU without information is named by its index alone.
+pub fn describe_gpus(ids: &[String], info: &[Option<GpuInfo>]) -> String {
+    if ids.is_empty() {
+        return "gpus: none visible".into();
+    }
+    if info.iter().all(Option::is_none) && ids.iter().all(|id| id.bytes().all(|b| b.is_ascii_digit())) {
+        return format!("gpus: {} visible (index {})", ids.len(), ids.join(", "));
+    }
+    let each: Vec<String> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            // CUDA_VISIBLE_DEVICES may name a GPU by UUID (GPU-...) instead of its index.
+            let id = if id.bytes().all(|b| b.is_ascii_digit()) { format!("index {id}") } else { id.clone() };
+            match info.get(i).and_then(Option::as_ref) {
+                Some(GpuInfo { name, memory_gib: Some(m) }) => format!("{id}: {name}, {m:.0} GiB"),
+                Some(GpuInfo { name, memory_gib: None }) => format!("{id}: {name}"),
+                None => id,
+            }
+        })
+        .collect();
+    format!("gpus: {} visible ({})", ids.len(), each.join("; "))
+}
+
+/// Names and memory of the GPUs `ids` from `nvidia-smi`, for when torch cannot say (a CPU
+/// build of torch, or none); `None` where nvidia-smi is absent or does not list the GPU.
+pub fn nvidia_smi_gpus(ids: &[String]) -> Vec<Option<GpuInfo>> {
+    let out = Command::new("nvidia-smi").args(["--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits"]).stderr(std::process::Stdio::null()).output();
+    let text = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).to_string(),
+        _ => String::new(),
+    };
+    parse_nvidia_smi(&text, ids)
+}
+
+fn parse_nvidia_smi(text: &str, ids: &[String]) -> Vec<Option<GpuInfo>> {
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(',').map(str::trim).collect::<Vec<_>>()).filter(|r| r.len() == 4).collect();
+    ids.iter()
+        .map(|id| {
+            // nvidia-smi ignores CUDA_VISIBLE_DEVICES: its rows are matched by index or UUID.
+            let row = rows.iter().find(|r| r[0] == id || r[1] == id || (id.starts_with("GPU-") && r[1].starts_with(id.as_str())))?;
+            Some(GpuInfo { name: row[2].to_string(), memory_gib: row[3].parse::<f64>().ok().map(|mib| mib / 1024.0) })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h200() -> Option<GpuInfo> {
+        Some(GpuInfo { name: "NVIDIA H200".into(), memory_gib: Some(139.8) })
+    }
+
+    #[test]
+    fn gpu_line_names_indices_with_what_is_known() {
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(describe_gpus(&[], &[]), "gpus: none visible");
+        assert_eq!(describe_gpus(&ids(&["0"]), &[h200()]), "gpus: 1 visible (index 0: NVIDIA H200, 140 GiB)");
+        // CUDA_VISIBLE_DEVICES=2,3: the indices are those, not 0 and 1.
+        assert_eq!(describe_gpus(&ids(&["2", "3"]), &[h200(), h200()]), "gpus: 2 visible (index 2: NVIDIA H200, 140 GiB; index 3: NVIDIA H200, 140 GiB)");
+        assert_eq!(describe_gpus(&ids(&["0", "1"]), &[]), "gpus: 2 visible (index 0, 1)");
+        let no_memory = Some(GpuInfo { name: "NVIDIA A10".into(), memory_gib: None });
+        assert_eq!(describe_gpus(&ids(&["GPU-5f1c", "1"]), &[no_memory, None]), "gpus: 2 visible (GPU-5f1c: NVIDIA A10; index 1)");
+    }
+
+    #[test]
+    fn nvidia_smi_rows_are_matched_by_index_or_uuid() {
+        let text = "0, GPU-aaaa-1111, NVIDIA H200, 143771\n1, GPU-bbbb-2222, NVIDIA H200, 143771\n";
+        let ids = vec!["1".to_string(), "GPU-aaaa".to_string(), "7".to_string()];
+        let got = parse_nvidia_smi(text, &ids);
+        assert_eq!(got[0].as_ref().unwrap().name, "NVIDIA H200");
+        assert!((got[0].as_ref().unwrap().memory_gib.unwrap() - 140.4).abs() < 0.1);
+        assert!(got[1].is_some(), "a UUID prefix names a GPU");
+        assert_eq!(got[2], None);
+        assert_eq!(parse_nvidia_smi("", &ids), vec![None, None, None]);
+    }
 }

@@ -116,11 +116,12 @@ pub fn choose(spec: &mut crate::spec::Spec, choice: Option<&str>) {
 }
 
 /// GPUs the processes of a stage will see: on a cluster, what the stage requests on each of
-/// its nodes times its nodes (the machine running mflow may have none); locally, this
-/// machine's.
+/// its nodes times its nodes (the machine running mflow may have none); locally, what it
+/// requests (the pool hands it exactly that many), else this machine's.
 pub fn stage_gpus(spec: &crate::spec::Spec, stage: &crate::spec::StageSpec, env: &crate::env::Environment) -> usize {
     match spec.pipeline.backend.as_str() {
         "kubernetes" => stage.resources.gpus as usize * stage.nodes.max(1) as usize,
+        _ if stage.resources.gpus > 0 => (stage.resources.gpus as usize).min(env.gpus.len()),
         _ => env.gpus.len(),
     }
 }

@@ -137,6 +137,7 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
                     gates: vec![],
                     metrics: None,
                     verification: None,
+                    engine: s.engine.clone(),
                 },
             )
         })

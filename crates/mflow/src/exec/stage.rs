@@ -115,7 +115,9 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
             env.insert(crate::spec::input_var(up), path.display().to_string());
         }
         let job = Job { stage: name.clone(), key: key.clone(), attempt, steps: plan.steps, env, cwd: plan.cwd, timeout: st.spec.timeout, log: log.clone(), status_file: status_file.clone() };
-        sh.show(&name, "started", &if attempt > 1 { format!("attempt {attempt}") } else { String::new() });
+        // The engine goes on the line that says the stage started: where a reader looks first.
+        let detail = [(attempt > 1).then(|| format!("attempt {attempt}")), st.engine.as_ref().map(ToString::to_string)];
+        sh.show(&name, "started", &detail.into_iter().flatten().collect::<Vec<_>>().join("; "));
         let attempt_started = record::now();
         let t0 = Instant::now();
         sh.update(&name, |r| {

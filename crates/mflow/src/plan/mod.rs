@@ -53,6 +53,9 @@ pub struct PlannedStage {
     pub canonical_params: String,
     /// Added by the planner (an automatic reshard), not written in the spec.
     pub inserted: bool,
+    /// The engine of a train or evaluate stage (an export's verification) and why; its name is
+    /// in `parts.params`, the reason in no key.
+    pub engine: Option<crate::stages::EngineChoice>,
 }
 
 #[derive(Debug, Clone)]
@@ -118,7 +121,7 @@ fn build_inner(mut spec: Spec, env: &Environment, known: Option<inputs::KnownInp
         let params = s.spawn(|| {
             order
                 .iter()
-                .map(|&i| stage_params(&spec, &stage_specs[i], env).map(|p| { let canonical = crate::cache::key::canonical(&p); (p, canonical) }))
+                .map(|&i| stage_params(&spec, &stage_specs[i], env).map(|(p, engine)| { let canonical = crate::cache::key::canonical(&p); (p, canonical, engine) }))
                 .collect::<Vec<_>>()
         });
         let (early, late) = order.split_at(order.len() / 2);
@@ -135,7 +138,7 @@ fn build_inner(mut spec: Spec, env: &Environment, known: Option<inputs::KnownInp
     for ((&i, params), inputs) in order.iter().zip(params).zip(inputs) {
         let owned = stage_specs[i].take().expect("each stage once in the order");
         let st = &owned;
-        let (params, canonical_params) = params?;
+        let (params, canonical_params, engine) = params?;
         let inputs = inputs?;
         let parts = KeyParts {
             kind: st.kind.name().to_string(),
@@ -162,7 +165,7 @@ fn build_inner(mut spec: Spec, env: &Environment, known: Option<inputs::KnownInp
         if parts.params.get("engine").and_then(Json::as_str) == Some("megatron") && spec_of_stage.resources.gpus == 0 && spec.pipeline.backend != "kubernetes" {
             spec_of_stage.resources.gpus = crate::stages::world_size(spec_of_stage.kind, parts.params.as_object().expect("params are a table")) as u32;
         }
-        stages.push(PlannedStage { spec: spec_of_stage, deps, parts, canonical_params, inserted });
+        stages.push(PlannedStage { spec: spec_of_stage, deps, parts, canonical_params, inserted, engine });
     }
     Ok(Plan { spec, stages, root })
 }
@@ -172,10 +175,17 @@ pub fn check_layouts(spec: &Spec) -> Result<(), crate::spec::SpecErrors> {
     layout::check(spec, &spec.stages)
 }
 
-/// A stage's parameters as they enter its key.
-fn stage_params(spec: &Spec, st: &StageSpec, env: &Environment) -> Result<Json, PlanError> {
+/// A stage's parameters as they enter its key, and its engine.
+fn stage_params(spec: &Spec, st: &StageSpec, env: &Environment) -> Result<(Json, Option<crate::stages::EngineChoice>), PlanError> {
     let invalid = |message: String, help: String| PlanError::Invalid { stage: st.name.clone(), message, help };
-    let mut params = crate::stages::resolve_params(st, crate::backend::stage_gpus(spec, st, env)).map_err(|(message, help)| invalid(message, help))?;
+    let gpus = crate::backend::stage_gpus(spec, st, env);
+    let (mut params, mut engine) = crate::stages::resolve_params(st, gpus).map_err(|(message, help)| invalid(message, help))?;
+    if spec.pipeline.backend == "kubernetes" && matches!(st.kind, Kind::Train | Kind::Evaluate) {
+        // `backend::choose` has already replaced `auto` from the GPUs the stage requests.
+        if let Some(e) = engine.as_mut() {
+            e.reason = format!("kubernetes: resources.gpus x nodes = {gpus}");
+        }
+    }
     if let Some(src) = params.get("source").and_then(Json::as_str).filter(|s| s.starts_with("hf://")) {
         // The Hub's commit, not the name, identifies the weights.
         let sha = mflow_ckpt::resolve_hf_revision(src).map_err(|e| {
@@ -188,7 +198,7 @@ fn stage_params(spec: &Spec, st: &StageSpec, env: &Environment) -> Result<Json, 
         })?;
         params["revision_sha"] = json!(sha);
     }
-    Ok(params)
+    Ok((params, engine))
 }
 
 const RESHARD_NOTE: &str = "inserted by mflow: reshard to the layout the next stage reads";
@@ -289,6 +299,9 @@ pub struct StageDecision {
     pub needs: Vec<String>,
     #[serde(flatten)]
     pub decision: Decision,
+    /// The engine chosen for the stage and why (`PlannedStage::engine`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<crate::stages::EngineChoice>,
     /// The key and its parts when known, so that running does not compute them again.
     #[serde(skip)]
     pub keyed: Option<(String, KeyParts)>,
@@ -342,7 +355,7 @@ pub fn decide(plan: &Plan, store: &Store, last: &crate::record::LastKeys, force:
             keyed = Some((key, parts));
             decision
         };
-        out.push(StageDecision { stage: name.clone(), kind: s.spec.kind.name().into(), needs: s.spec.needs.clone(), decision, keyed });
+        out.push(StageDecision { stage: name.clone(), kind: s.spec.kind.name().into(), needs: s.spec.needs.clone(), decision, engine: s.engine.clone(), keyed });
     }
     out
 }

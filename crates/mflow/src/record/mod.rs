@@ -84,6 +84,10 @@ pub struct StageRecord {
     pub metrics: Option<Json>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verification: Option<Json>,
+    /// The engine of a train or evaluate stage (an export's verification) and why it was
+    /// chosen; for a cached stage, the engine its key names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<crate::stages::EngineChoice>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -114,7 +114,7 @@ const ENGINE: Ty = Ty::Enum(&["auto", "reference", "megatron"]);
 pub const TRAIN: &[Field] = &[
     req("model", Ty::Str, "shards from a convert stage"),
     req("data", Ty::Str, "a dataset stage's output"),
-    def("engine", ENGINE, "\"auto\"", "megatron on CUDA, reference on CPU"),
+    def("engine", ENGINE, "\"auto\"", "auto: megatron when the visible GPUs cover the ranks (one each), else reference (CPU)"),
     def("tp", Ty::Int, "1", "tensor-parallel size; a reshard is inserted when the shards differ"),
     def("pp", Ty::Int, "1", "pipeline-parallel size; a reshard is inserted when the shards differ"),
     def("dp", Ty::Int, "1", "data-parallel size"),
@@ -131,7 +131,7 @@ pub const TRAIN: &[Field] = &[
     def("adam_beta2", Ty::Float, "0.95", "AdamW beta2"),
     def("clip_grad", Ty::Float, "1.0", "gradient-norm clipping"),
     def("seed", Ty::Int, "1234", "seed of data order and dropout"),
-    def("precision", Ty::Enum(&["auto", "bf16", "fp32"]), "\"auto\"", "bf16 on GPU, fp32 on CPU"),
+    def("precision", Ty::Enum(&["auto", "bf16", "fp32"]), "\"auto\"", "bf16 with megatron, fp32 with reference"),
     def("save_interval", Ty::Int, "25", "checkpoint every N iterations"),
     def("log_interval", Ty::Int, "1", "metrics every N iterations"),
     def("eval_interval", Ty::Int, "25", "validation loss every N iterations"),
@@ -142,7 +142,7 @@ pub const TRAIN: &[Field] = &[
 pub const EVALUATE: &[Field] = &[
     req("model", Ty::Str, "shards to evaluate"),
     req("data", Ty::Str, "a dataset stage's output"),
-    def("engine", ENGINE, "\"auto\"", "megatron on CUDA, reference on CPU"),
+    def("engine", ENGINE, "\"auto\"", "auto: megatron when the visible GPUs cover the ranks (one each), else reference (CPU)"),
     def("tp", Ty::Int, "1", "tensor-parallel size; a reshard is inserted when the shards differ"),
     def("seq_length", Ty::Int, "128", "tokens per sample"),
     def("micro_batch_size", Ty::Int, "4", "samples per batch"),

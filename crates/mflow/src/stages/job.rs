@@ -9,39 +9,83 @@ use super::Kind;
 use crate::env::Environment;
 use crate::spec::StageSpec;
 
-/// Parameters as they enter the cache key: defaults filled, `auto` choices made.
+/// The engine a train or evaluate stage (or an export's verification) runs with, and why, in
+/// words: `mflow plan` shows it, a run prints it when the stage starts and keeps it in the
+/// stage's record. Only `name` enters the cache key (as the `engine` parameter): the reason
+/// counts this machine's GPUs, and a reference result made with 0 or 1 GPU visible is the same.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EngineChoice {
+    pub name: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for EngineChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "engine {} ({})", self.name, self.reason)
+    }
+}
+
+/// Parameters as they enter the cache key: defaults filled, `auto` choices made; and the engine
+/// chosen, for the kinds that have one.
 /// `gpus`: GPUs the stage's processes will see (`crate::backend::stage_gpus`).
-pub fn resolve_params(st: &StageSpec, gpus: usize) -> Result<Json, (String, String)> {
+pub fn resolve_params(st: &StageSpec, gpus: usize) -> Result<(Json, Option<EngineChoice>), (String, String)> {
     let mut p = st.params.clone();
     if !st.env.is_empty() {
         // Environment variables shape the output as much as parameters do.
         p.insert("env".into(), json!(st.env));
     }
+    let mut choice = None;
     if matches!(st.kind, Kind::Train | Kind::Evaluate) {
-        let engine = match p.get("engine").and_then(Json::as_str).unwrap_or("auto") {
-            "auto" if gpus == 0 => "reference",
-            "auto" => "megatron",
-            "megatron" if gpus == 0 => {
-                return Err((
-                    "engine = \"megatron\" needs CUDA, and no GPU is visible".into(),
-                    "run on a machine with GPUs, or set engine = \"reference\" (or \"auto\") to train on CPU".into(),
-                ))
-            }
-            other => other,
-        }
-        .to_string();
+        let chosen = choose_engine(st.kind, &p, gpus)?;
         if st.kind == Kind::Train && p.get("precision").and_then(Json::as_str) == Some("auto") {
-            p.insert("precision".into(), json!(if engine == "megatron" { "bf16" } else { "fp32" }));
+            p.insert("precision".into(), json!(if chosen.name == "megatron" { "bf16" } else { "fp32" }));
         }
-        if engine == "megatron" {
-            let world = world_size(st.kind, &p) as usize;
-            if world > gpus {
-                return Err((format!("needs {world} GPUs (tp x pp x dp), {gpus} visible"), "lower tp/pp/dp, or request more GPUs (resources.gpus x nodes on Kubernetes)".into()));
-            }
-        }
-        p.insert("engine".into(), json!(engine));
+        // The engine that runs is part of the key, so that a Megatron result is never reused
+        // for a reference run or the other way round.
+        p.insert("engine".into(), json!(chosen.name));
+        choice = Some(chosen);
+    } else if st.kind == Kind::Export && p.get("verify").and_then(Json::as_bool).unwrap_or(true) {
+        // verify_export merges every rank in memory and runs the reference model in one
+        // process on CPU: no layout needs a GPU, so there is nothing to choose.
+        choice = Some(EngineChoice { name: "reference".into(), reason: "the verification runs in one process on CPU, for any tp x pp".into() });
     }
-    Ok(Json::Object(p))
+    Ok((Json::Object(p), choice))
+}
+
+/// `engine = "auto"` runs Megatron-Core when the GPUs the stage will see cover its ranks (one
+/// GPU per rank, NCCL), else the reference engine, which runs any layout as gloo ranks on CPU
+/// (a stage that requests no GPUs gets none: `build_job`). An explicit `megatron` that cannot
+/// run is an error at plan time rather than a crash in NCCL later.
+pub fn choose_engine(kind: Kind, p: &Map<String, Json>, gpus: usize) -> Result<EngineChoice, (String, String)> {
+    let world = world_size(kind, p) as usize;
+    let sizes = if kind == Kind::Train { "tp x pp x dp" } else { "tp" };
+    let of = |n: usize| if n == 1 { "1 GPU".to_string() } else { format!("{n} GPUs") };
+    let pick = |name: &str, reason: String| Ok(EngineChoice { name: name.into(), reason });
+    match p.get("engine").and_then(Json::as_str).unwrap_or("auto") {
+        "auto" if gpus == 0 => pick("reference", "auto: no GPU visible".into()),
+        "auto" if world > gpus => pick("reference", format!("auto: {sizes} = {world} needs {}, {gpus} visible", of(world))),
+        "auto" => pick("megatron", format!("auto: {sizes} = {world} needs {}, {gpus} visible", of(world))),
+        "megatron" if gpus == 0 => Err((
+            "engine = \"megatron\" needs CUDA, and no GPU is visible".into(),
+            "run on a machine with GPUs, or set engine = \"reference\" (or \"auto\") to train on CPU".into(),
+        )),
+        "megatron" if world > gpus => Err((
+            format!("engine = \"megatron\" needs {} ({sizes} = {world}, one per rank), {gpus} visible", of(world)),
+            format!("lower {} until {sizes} is at most {gpus}, make more GPUs visible (resources.gpus x nodes on Kubernetes), or set engine = \"auto\" or \"reference\": the reference engine runs any layout on CPU", sizes.replace(" x ", "/")),
+        )),
+        other => pick(other, "set in the spec".into()),
+    }
+}
+
+/// What every Python stage's processes get besides mflow's own environment: the workloads
+/// first on PYTHONPATH, then the user's own (a site of extra wheels, megatron-core from a
+/// checkout, say). `mflow doctor` probes with exactly this, so that the two cannot drift.
+pub fn python_env(env: &Environment) -> Result<BTreeMap<String, String>, crate::env::EnvError> {
+    let mut path = env.workloads_dir()?.to_string_lossy().to_string();
+    if let Some(user) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+        path = format!("{path}:{}", user.to_string_lossy());
+    }
+    Ok(BTreeMap::from([("PYTHONPATH".to_string(), path), ("PYTHONUNBUFFERED".to_string(), "1".to_string())]))
 }
 
 /// Files outside the DAG that a kind reads, relative to the spec.
@@ -200,14 +244,7 @@ pub fn build_job(cx: &JobContext<'_>) -> Result<JobPlan, String> {
         }
     };
     if cx.stage.kind.uses_python() {
-        let dir = cx.env.workloads_dir().map_err(|e| e.to_string())?;
-        // The workloads first; the user's own PYTHONPATH (a site of extra wheels, say) stays.
-        let mut path = dir.to_string_lossy().to_string();
-        if let Some(user) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
-            path = format!("{path}:{}", user.to_string_lossy());
-        }
-        env.insert("PYTHONPATH".into(), path);
-        env.insert("PYTHONUNBUFFERED".into(), "1".into());
+        env.extend(python_env(cx.env).map_err(|e| e.to_string())?);
     }
     if !cx.gpus.is_empty() {
         env.insert("CUDA_VISIBLE_DEVICES".into(), cx.gpus.join(","));
@@ -245,4 +282,81 @@ fn torchrun(python: &str, world: u64, port: u16, module: &str, config: &Path) ->
 /// A TCP port free right now on the loopback interface, for a stage's rendezvous.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(29500)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(v: Json) -> Map<String, Json> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn auto_runs_megatron_only_where_every_rank_has_a_gpu() {
+        let tp2 = params(json!({"engine": "auto", "tp": 2}));
+        let on = |gpus| choose_engine(Kind::Train, &tp2, gpus).unwrap();
+        assert_eq!(on(0), EngineChoice { name: "reference".into(), reason: "auto: no GPU visible".into() });
+        // The one-GPU workstation: the reference engine runs the two ranks on CPU.
+        assert_eq!(on(1).to_string(), "engine reference (auto: tp x pp x dp = 2 needs 2 GPUs, 1 visible)");
+        assert_eq!(on(2).to_string(), "engine megatron (auto: tp x pp x dp = 2 needs 2 GPUs, 2 visible)");
+        assert_eq!(on(8).name, "megatron");
+        // pp and dp count as much as tp; a missing `engine` is `auto`.
+        let big = params(json!({"tp": 2, "pp": 2, "dp": 2}));
+        assert_eq!(choose_engine(Kind::Train, &big, 4).unwrap().reason, "auto: tp x pp x dp = 8 needs 8 GPUs, 4 visible");
+        // Evaluation runs tp ranks.
+        let eval = params(json!({"tp": 1}));
+        assert_eq!(choose_engine(Kind::Evaluate, &eval, 1).unwrap().to_string(), "engine megatron (auto: tp = 1 needs 1 GPU, 1 visible)");
+        assert_eq!(choose_engine(Kind::Evaluate, &params(json!({"tp": 2})), 1).unwrap().name, "reference");
+    }
+
+    #[test]
+    fn an_explicit_engine_is_kept_or_refused_with_what_to_do() {
+        let megatron = params(json!({"engine": "megatron", "tp": 2}));
+        assert_eq!(choose_engine(Kind::Train, &megatron, 2).unwrap(), EngineChoice { name: "megatron".into(), reason: "set in the spec".into() });
+        let (message, help) = choose_engine(Kind::Train, &megatron, 1).unwrap_err();
+        assert_eq!(message, "engine = \"megatron\" needs 2 GPUs (tp x pp x dp = 2, one per rank), 1 visible");
+        assert!(help.contains("lower tp/pp/dp") && help.contains("engine = \"auto\" or \"reference\""), "{help}");
+        assert!(choose_engine(Kind::Train, &megatron, 0).unwrap_err().0.contains("no GPU is visible"));
+        let reference = params(json!({"engine": "reference", "tp": 2}));
+        assert_eq!(choose_engine(Kind::Train, &reference, 8).unwrap().name, "reference");
+    }
+
+    fn stage(kind: Kind, p: Json) -> StageSpec {
+        StageSpec {
+            name: "s".into(),
+            kind,
+            params: params(p),
+            needs: vec![],
+            inputs: vec![],
+            retries: Default::default(),
+            timeout: None,
+            resources: crate::spec::Resources { gpus: 0, cpus: 1.0, memory: None },
+            env: BTreeMap::new(),
+            cache: true,
+            salt: String::new(),
+            gates: BTreeMap::new(),
+            nodes: 1,
+            image: None,
+            description: None,
+        }
+    }
+
+    /// The key covers the engine that runs, and only that: not the count of GPUs behind the
+    /// choice.
+    #[test]
+    fn the_key_parameters_name_the_engine_that_runs() {
+        let train = stage(Kind::Train, json!({"engine": "auto", "tp": 2, "precision": "auto"}));
+        let on = |gpus| resolve_params(&train, gpus).unwrap();
+        let ((none, _), (one, why), (two, _)) = (on(0), on(1), on(2));
+        assert_eq!((one["engine"].as_str(), one["precision"].as_str()), (Some("reference"), Some("fp32")));
+        assert_eq!((two["engine"].as_str(), two["precision"].as_str()), (Some("megatron"), Some("bf16")));
+        assert_eq!(none, one, "a reference result is the same whatever GPUs were visible");
+        assert_ne!(one, two);
+        assert!(why.unwrap().reason.contains("1 visible"));
+        let export = stage(Kind::Export, json!({"verify": true}));
+        assert_eq!(resolve_params(&export, 0).unwrap().1.unwrap().name, "reference");
+        assert_eq!(resolve_params(&stage(Kind::Export, json!({"verify": false})), 0).unwrap().1, None);
+        assert_eq!(resolve_params(&stage(Kind::Convert, json!({"tp": 2})), 0).unwrap().1, None);
+    }
 }

@@ -3,7 +3,7 @@
 pub mod fields;
 mod job;
 
-pub use job::{build_job, external_inputs, resolve_params, workload_digest, world_size, JobContext, JobPlan};
+pub use job::{build_job, choose_engine, external_inputs, python_env, resolve_params, workload_digest, world_size, EngineChoice, JobContext, JobPlan};
 
 use serde_json::{Map, Value as Json};
 
