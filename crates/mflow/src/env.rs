@@ -1,6 +1,7 @@
 //! The machine a run executes on: CPUs, GPUs, and the Python environment of the workloads,
 //! provisioned on first use from a pinned lock.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -187,6 +188,16 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     // stdout carries the interpreter path for `mflow env`; tool chatter goes to stderr.
     let status = cmd.stdout(std::process::Stdio::from(std::io::stderr())).status().map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
     if status.success() { Ok(()) } else { Err(format!("{:?} failed with {status}", cmd.get_program())) }
+}
+
+/// The mflow binary that native stages run as children. A binary replaced while a run goes on
+/// (an upgrade, a rebuild) has a path that names another file or none (`... (deleted)`); the
+/// running one is still reachable as `/proc/self/exe`, so the children stay of the run's version.
+pub fn mflow_exe() -> std::io::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let proc_exe = Path::new("/proc/self/exe");
+    let replaced = !exe.exists() || std::fs::metadata(&exe).ok().map(|m| (m.dev(), m.ino())) != std::fs::metadata(proc_exe).ok().map(|m| (m.dev(), m.ino()));
+    Ok(if replaced && proc_exe.exists() { proc_exe.to_path_buf() } else { exe })
 }
 
 /// The running mflow binary (its path, size and mtime), for what must not outlive a rebuild.

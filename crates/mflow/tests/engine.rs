@@ -517,3 +517,27 @@ run = ["sh", "-c", "for i in 1 2 3; do echo '/usr/lib/python3/dist-packages/mega
     printed.sort_unstable();
     assert_eq!(logged, printed);
 }
+
+/// The binary removed while a run goes on (an upgrade, a rebuild): the native stages that start
+/// later still run, as the run's own version.
+#[test]
+fn native_stages_run_after_the_binary_was_replaced() {
+    let p = Project::new(
+        "[pipeline]\nname = \"upgrade\"\n\n[stages.wait]\nkind = \"command\"\nrun = [\"sh\", \"-c\", \"sleep 2; echo ok > $MFLOW_OUTPUT/x\"]\n\n[stages.model]\nkind = \"model\"\nneeds = [\"wait\"]\nsource = \"init:llama-tiny\"\n",
+    );
+    let exe = p.path().join("mflow");
+    std::fs::copy(env!("CARGO_BIN_EXE_mflow"), &exe).unwrap();
+    let mut child = std::process::Command::new(&exe)
+        .args(["run", "spec.toml"])
+        .current_dir(p.path())
+        .env("CI", "true")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    std::fs::remove_file(&exe).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(p.latest_record()["stages"]["model"]["status"] == "succeeded");
+}

@@ -378,7 +378,7 @@ impl Layout {
                 (s.name.clone(), info)
             })
             .collect();
-        let exe = std::env::current_exe().map(|p| p.to_string_lossy().to_string()).unwrap_or_default();
+        let exe = crate::env::mflow_exe().map(|p| p.to_string_lossy().to_string()).unwrap_or_default();
         Ok(Layout { pipeline: spec.pipeline.name.clone(), stages, settings, exe })
     }
 

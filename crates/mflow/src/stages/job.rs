@@ -140,7 +140,7 @@ pub struct JobPlan {
 }
 
 pub fn build_job(cx: &JobContext<'_>) -> Result<JobPlan, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate the mflow binary: {e}"))?;
+    let exe = crate::env::mflow_exe().map_err(|e| format!("cannot locate the mflow binary: {e}"))?;
     let exe = exe.to_string_lossy().to_string();
     let p = cx.params;
     let s = |k: &str| p.get(k).and_then(Json::as_str).unwrap_or_default().to_string();
