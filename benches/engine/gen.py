@@ -6,7 +6,8 @@ Every stage n reads its own source file src/n.txt and the outputs of its upstrea
 concatenates them into its output, appends its name, and appends its name to exec.log (so the
 number of executed stages can be counted the same way for every engine).
 
-usage: gen.py SHAPE DIR [--dvc]      SHAPE: chain | fan | random | tree
+usage: gen.py SHAPE DIR [--dvc]      SHAPE: chain | fan | random | tree, or the same with the
+suffix 5k (chain5k, fan5k, random5k, tree5k): the same kind of DAG at about 5,000 stages.
 """
 import json
 import os
@@ -16,40 +17,46 @@ import sys
 
 def dag(shape):
     """Return (names, deps) with deps[name] = list of upstream names, in topological order."""
+    big = shape.endswith("5k")
+    if big:
+        shape = shape[:-2]
     if shape == "chain":
-        n = 100
+        n = 5000 if big else 100
         deps = {0: []}
         for i in range(1, n):
             deps[i] = [i - 1]
     elif shape == "fan":
         deps = {0: []}
-        for i in range(1, 501):
+        w = 4998 if big else 500
+        for i in range(1, w + 1):
             deps[i] = [0]
-        deps[501] = list(range(1, 501))
+        deps[w + 1] = list(range(1, w + 1))
     elif shape == "random":
         rng = random.Random(42)
         deps = {0: []}
-        for i in range(1, 1000):
+        for i in range(1, 5000 if big else 1000):
             k = rng.randint(1, min(3, i))
             deps[i] = sorted(rng.sample(range(i), k))
     elif shape == "tree":
         # A binary reduction tree: 512 leaves merged pairwise down to one root (1023 stages,
         # wide at the bottom, 10 levels deep). Numbered leaves first, so that every stage
         # comes after the two it reads.
-        n = 1023
+        # At 5k: 4999 stages (2500 leaves), every inner stage still merging two.
+        n = 4999 if big else 1023
         deps = {}
         for j in range(n):
             h = n - 1 - j  # heap index: the root is 0, the children of h are 2h+1 and 2h+2
             deps[j] = sorted(n - 1 - c for c in (2 * h + 1, 2 * h + 2) if c < n)
     else:
-        raise SystemExit(f"unknown shape {shape!r}: use chain, fan, random or tree")
+        raise SystemExit(f"unknown shape {shape!r}: use chain, fan, random or tree (or chain5k, ...)")
     names = {i: f"s{i:04d}" for i in deps}
     return [names[i] for i in sorted(deps)], {names[i]: [names[d] for d in ds] for i, ds in deps.items()}
 
 
 def middle(shape, names):
     # The stage whose source changes in the "change one middle stage" measurement.
-    return {"chain": "s0050", "fan": "s0250", "random": "s0500", "tree": "s0100"}[shape]
+    return {"chain": "s0050", "fan": "s0250", "random": "s0500", "tree": "s0100",
+            "chain5k": "s2500", "fan5k": "s2500", "random5k": "s2500", "tree5k": "s0500"}[shape]
 
 
 def downstream(names, deps, start):

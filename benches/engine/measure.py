@@ -4,7 +4,8 @@ gen.py writes, side by side in one invocation (engines alternate within every re
 
 usage: measure.py WORK_DIR RESULTS_JSON
 environment: MFLOW (binary, required), SNAKEMAKE, DVC (optional executables), SHAPES
-(default "chain fan random tree"), REPS (default 3), SLOW_COLD_REPS (Snakemake cold runs of every
+(default "chain fan random tree"; chain5k fan5k random5k tree5k are the same kinds of DAG at about
+5,000 stages), REPS (default 3), NOOP_REPS (no-op reruns, default REPS), SLOW_COLD_REPS (Snakemake cold runs of every
 shape but the chain, default 1), DVC_TIMEOUT (seconds per DVC command, default 300).
 """
 import json
@@ -21,6 +22,7 @@ SNAKEMAKE = os.environ.get("SNAKEMAKE")
 DVC = os.environ.get("DVC")
 SHAPES = os.environ.get("SHAPES", "chain fan random tree").split()
 REPS = int(os.environ.get("REPS", "3"))
+NOOP_REPS = int(os.environ.get("NOOP_REPS", str(REPS)))  # no-op reruns: cheap, and the noisiest
 SLOW_COLD_REPS = int(os.environ.get("SLOW_COLD_REPS", "1"))
 DVC_TIMEOUT = int(os.environ.get("DVC_TIMEOUT", "300"))
 
@@ -125,7 +127,7 @@ def main():
         for e in runnable:  # warm-up: up to date before the no-op runs
             timed(ws[e], ENGINES[e][0], log[e], DVC_TIMEOUT if e == "dvc" else None)
         for phase in ("noop", "change", "plan"):
-            for rep in range(REPS if phase != "change" or True else 1):
+            for rep in range(NOOP_REPS if phase == "noop" else REPS):
                 for e in runnable:
                     if e == "dvc" and rep >= 1:
                         continue

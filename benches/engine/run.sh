@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Engine overhead: mflow against a plain shell script, make, ninja, Snakemake and DVC on four
-# synthetic DAGs (chain of 100, fan 1 -> 500 -> 1, random DAG of 1000, binary tree of 1023). See
-# docs/benchmarks.md.
+# synthetic DAGs (chain of 100, fan 1 -> 500 -> 1, random DAG of 1000, binary tree of 1023; the same
+# kinds at about 5,000 stages with SHAPES="chain5k fan5k random5k tree5k"). See docs/benchmarks.md.
 #
 # usage: benches/engine/run.sh WORK_DIR
 # environment: MFLOW (default: target/release/mflow), SNAKEMAKE, DVC (executables; the engine is
-# left out when unset), SHAPES, REPS, SLOW_COLD_REPS, DVC_TIMEOUT (see measure.py).
+# left out when unset), SHAPES, REPS, NOOP_REPS, SLOW_COLD_REPS, DVC_TIMEOUT (see measure.py).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 work="${1:?usage: run.sh WORK_DIR}"

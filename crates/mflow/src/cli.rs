@@ -643,7 +643,11 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
         }
     }
     crate::ci::commands::after_run(&outcome.run_dir, args.junit.as_deref(), args.report.as_deref(), notify.as_ref(), &rt);
-    Ok(crate::exit::for_run(r))
+    let code = crate::exit::for_run(r);
+    // The process ends right after (`_exit`): the record, plan and store of a large run are
+    // not freed one allocation at a time first.
+    std::mem::forget(outcome);
+    Ok(code)
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, Error> {

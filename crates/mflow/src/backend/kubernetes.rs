@@ -460,7 +460,8 @@ impl Layout {
         if kind == Kind::Command {
             return argv.to_vec();
         }
-        if *program == self.exe {
+        // The path the plan gave this binary: its own, or /proc/self/exe once it was replaced.
+        if *program == self.exe || program == "/proc/self/exe" {
             return std::iter::once("mflow".to_string()).chain(args.iter().cloned()).collect();
         }
         if !kind.uses_python() {

@@ -49,6 +49,9 @@ pub struct RunOutcome {
     /// The plan that ran, handed back rather than freed here: freeing a large plan is work
     /// that a process about to exit need not do. `None` if a task still held it.
     pub plan: Option<Plan>,
+    /// The store, handed back for the same reason (its manifests of a large cache are 3% of
+    /// a no-op of 5,000 stages to free); dropping it releases the run's cache locks.
+    pub store: Option<Store>,
 }
 
 /// Newest checkpoint iteration a failed attempt of `key` left behind, if any.
@@ -107,7 +110,11 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
     let run_id = record::run_id_for(&workdir);
     let run_dir = record::runs_dir(&workdir).join(&run_id);
     std::fs::create_dir_all(run_dir.join("stages")).map_err(|e| crate::Error::io(&run_dir, e))?;
-    std::fs::write(run_dir.join("spec.toml"), plan.spec.source.as_bytes()).map_err(|e| crate::Error::io(&run_dir, e))?;
+    // The spec as run; the same spec as the last run's is a link to that run's copy (a spec
+    // of 5,000 stages is more than a megabyte).
+    let source = plan.spec.source.as_bytes();
+    record::lock::write_linked(&workdir, &run_id, "spec.toml", "spec.last", Some(record::lock::spec_identity(&plan.spec.source)), |p| std::fs::write(p, source))
+        .map_err(|e| crate::Error::io(&run_dir, e))?;
     if !opts.overrides.is_empty() {
         let _ = std::fs::write(run_dir.join("overrides.txt"), opts.overrides.join("\n"));
     }
@@ -154,12 +161,23 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
         stages,
         order: names.clone(),
     };
+    let all_cached = !opts.verify && decisions.iter().all(|d| matches!(d.decision, crate::plan::Decision::Cached { .. }));
     // plan.json is written while the run starts; it is complete before the run ends.
+    // The plan of a run where every stage is cached is the last such run's when the same
+    // stages had the same keys: a link to that file then.
     let plan_writer = {
-        let path = run_dir.join("plan.json");
-        std::thread::spawn(move || record::write_json(&path, &decisions))
+        let (workdir, run_id) = (workdir.clone(), run_id.clone());
+        std::thread::spawn(move || {
+            let identity = if all_cached { plan_identity(&decisions) } else { None };
+            record::lock::write_linked(&workdir, &run_id, "plan.json", "plan.last", identity, |p| record::write_json(p, &decisions))
+        })
     };
-    let _ = record::write_json(&run_dir.join("run.json"), &rec);
+    // A run whose every stage was found cached (and is not rehashed) ends in milliseconds: its
+    // record is written once, at the end, unless it lasts longer than the writer's interval
+    // (the writer below writes it then). Every other run shows in `mflow runs` from its start.
+    if !all_cached {
+        let _ = record::write_json(&run_dir.join("run.json"), &rec);
+    }
     tracing::debug!("run record started");
 
     let (cancel_tx, cancel_rx) = watch::channel(Cancel::None);
@@ -391,9 +409,26 @@ pub async fn run_on(mut plan: Plan, store: Store, env: Environment, opts: Option
     tracing::debug!("run record written");
     shared.display.lock().unwrap().finish();
     // The rest of `shared` goes, so that the printer sees its last line.
-    let plan = Arc::try_unwrap(shared).ok().map(|sh| sh.plan);
+    let (plan, store) = Arc::try_unwrap(shared).ok().map(|sh| (sh.plan, sh.store)).unzip();
     let _ = printer.await;
-    Ok(RunOutcome { record: rec, run_dir, plan })
+    Ok(RunOutcome { record: rec, run_dir, plan, store })
+}
+
+/// A digest of everything that decides the bytes of plan.json when every stage is cached (the
+/// reasons of stages that run would change with the last run's keys): each stage's name, kind,
+/// needs, key and engine, and the binary that serializes them. `None` otherwise.
+fn plan_identity(decisions: &[crate::plan::StageDecision]) -> Option<String> {
+    let mut h = crate::cache::key::PartsHasher::default();
+    h.part(b"mflow-plan-identity-1").part(crate::env::binary_identity()?);
+    for d in decisions {
+        let crate::plan::Decision::Cached { key } = &d.decision else { return None };
+        h.part(d.stage.as_bytes()).part(d.kind.as_bytes()).part(d.needs.len().to_string().as_bytes());
+        for n in &d.needs {
+            h.part(n.as_bytes());
+        }
+        h.part(key.as_bytes()).part(&serde_json::to_vec(&d.engine).ok()?);
+    }
+    Some(h.hex())
 }
 
 /// Ctrl-C (SIGINT) cancels: running stages are stopped and their TrainJobs deleted. SIGTERM

@@ -58,6 +58,10 @@ pub struct InputHasher {
     /// The artifact volume is the cluster's, not mounted here: files on it are hashed by the
     /// run's driver there, not by this plan.
     volume_elsewhere: bool,
+    /// Directories of matched files, resolved, shared by every stage of the plan: the inputs of
+    /// 5,000 stages mostly share one or two directories, and resolving one per stage was 4
+    /// failing readlinks each (`canonicalize` walks every component).
+    parents: Mutex<HashMap<PathBuf, Option<PathBuf>>>,
 }
 
 /// The digest a plan made where the volume is not mounted gives an input on it.
@@ -85,7 +89,7 @@ impl InputHasher {
             Some(k) if k.path == path => k,
             _ => KnownInputs::read(workdir),
         };
-        InputHasher { path, known: known.stats, fresh: Mutex::default(), base: base.to_path_buf(), base_dir: OpenDir::open(base).ok(), volume_elsewhere: false }
+        InputHasher { path, known: known.stats, fresh: Mutex::default(), base: base.to_path_buf(), base_dir: OpenDir::open(base).ok(), volume_elsewhere: false, parents: Mutex::default() }
     }
 
     /// Inputs on the artifact volume are left to the cluster (see [`ON_THE_VOLUME`]).
@@ -112,15 +116,17 @@ impl InputHasher {
             let full = base.join(p);
             // An absolute path outside the project is the user's choice, links on the way included.
             let explicit = p.is_absolute() && escapes(&full, root);
-            let mut links = Links { stage, base, root, parents: HashMap::new(), scope: None };
+            let mut links = Links { stage, base, root, parents: &self.parents, scope: None };
             let mut files = Vec::new();
             let mut add = |entry: &Path, links: &mut Links| -> Result<(), InputError> {
-                if explicit {
+                let known = if explicit {
                     links.scope = std::fs::canonicalize(entry).ok();
+                    None
                 } else {
-                    links.check_top(entry)?;
-                }
-                self.collect(entry, links, &mut files)
+                    links.check_top(entry, self.lstat(entry))?
+                };
+                let meta = known.or_else(|| self.stat(entry));
+                self.collect_stat(entry, meta, links, &mut files)
             };
             if pattern.contains(['*', '?', '[']) {
                 let paths = glob::glob(&full.to_string_lossy())
@@ -177,7 +183,12 @@ impl InputHasher {
     /// The files at `path` (the file itself, or every file below a directory), with their stats.
     /// A link met in a directory is checked by `links` before it is followed.
     fn collect(&self, path: &Path, links: &Links, out: &mut Vec<(PathBuf, FileStat)>) -> Result<(), InputError> {
-        let Some(meta) = self.stat(path) else { return Ok(()) };
+        self.collect_stat(path, self.stat(path), links, out)
+    }
+
+    /// [`Self::collect`] with the stat of `path` already taken.
+    fn collect_stat(&self, path: &Path, meta: Option<FileStat>, links: &Links, out: &mut Vec<(PathBuf, FileStat)>) -> Result<(), InputError> {
+        let Some(meta) = meta else { return Ok(()) };
         if meta.is_dir {
             let mut entries: Vec<(PathBuf, bool)> =
                 std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| (e.path(), e.file_type().is_ok_and(|t| t.is_symlink()))).collect();
@@ -192,6 +203,15 @@ impl InputHasher {
             out.push((path.to_path_buf(), meta));
         }
         Ok(())
+    }
+
+    /// Stats `path` itself (a link is not followed) from the open base directory, when it lies
+    /// below it; `None` elsewhere.
+    fn lstat(&self, path: &Path) -> Option<FileStat> {
+        match (&self.base_dir, path.strip_prefix(&self.base)) {
+            (Some(dir), Ok(rel)) if !rel.as_os_str().is_empty() => dir.lstat(rel).ok(),
+            _ => None,
+        }
     }
 
     /// Stats `path` from the open base directory when it lies below it.
@@ -209,24 +229,35 @@ struct Links<'a> {
     stage: &'a str,
     base: &'a Path,
     root: &'a Path,
-    /// Directories of matched files, resolved: a glob's matches mostly share a few.
-    parents: HashMap<PathBuf, Option<PathBuf>>,
+    /// Directories of matched files, resolved (the hasher's, shared across stages).
+    parents: &'a Mutex<HashMap<PathBuf, Option<PathBuf>>>,
     scope: Option<PathBuf>,
 }
 
 impl Links<'_> {
     /// A matched path must resolve inside the project, whichever of its components is a link.
-    fn check_top(&mut self, path: &Path) -> Result<(), InputError> {
-        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else { return Ok(()) };
+    /// `lstat` is the path's own stat when already taken; a file or directory there (not a
+    /// link) is its stat followed too, and is handed back for the caller to use.
+    fn check_top(&mut self, path: &Path, lstat: Option<FileStat>) -> Result<Option<FileStat>, InputError> {
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else { return Ok(None) };
         let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
-        let resolved = match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).ok(),
-            Ok(_) => self.parents.entry(parent.to_path_buf()).or_insert_with(|| std::fs::canonicalize(parent).ok()).as_ref().map(|p| p.join(name)),
-            Err(_) => None,
+        let plain = lstat.filter(|m| m.is_file || m.is_dir);
+        let in_parent = || {
+            let mut parents = self.parents.lock().unwrap();
+            parents.entry(parent.to_path_buf()).or_insert_with(|| std::fs::canonicalize(parent).ok()).as_ref().map(|p| p.join(name))
+        };
+        let resolved = if plain.is_some() {
+            in_parent()
+        } else {
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).ok(),
+                Ok(_) => in_parent(),
+                Err(_) => None,
+            }
         };
         match resolved {
             Some(target) if !target.starts_with(self.root) => Err(self.escaping_link(path, target)),
-            _ => Ok(()),
+            _ => Ok(plain),
         }
     }
 

@@ -133,7 +133,9 @@ fn build_inner(mut spec: Spec, env: &Environment, known: Option<inputs::KnownInp
         }
         (params.join().expect("parameters resolve without a panic"), inputs)
     });
-    let mut stages = Vec::new();
+    // Sized once: grown by doubling, the stages of a large plan were copied into fresh pages
+    // again and again (a planned stage is most of a kilobyte).
+    let mut stages = Vec::with_capacity(order.len());
     let mut stage_specs: Vec<Option<StageSpec>> = stage_specs.into_iter().map(Some).collect();
     for ((&i, params), inputs) in order.iter().zip(params).zip(inputs) {
         let owned = stage_specs[i].take().expect("each stage once in the order");

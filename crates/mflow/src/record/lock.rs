@@ -4,7 +4,7 @@
 //! of serializing it again: the lockfile of a no-op of 1000 stages is 700 KB.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::{runs_dir, write_atomic, write_json, Lockfile};
 
@@ -15,16 +15,22 @@ const FORMAT: &[u8] = b"mflow-lock-identity-1";
 /// workdir when it has the same identity and is the file that was written (not replaced or
 /// edited since).
 pub fn write(lock: &Lockfile, workdir: &Path, run: &str) -> std::io::Result<()> {
-    let path = lock_path(workdir, run);
-    let last_file = workdir.join("state").join("lock.last");
-    let identity = identity(lock);
+    write_linked(workdir, run, "mflow.lock", "lock.last", identity(lock), |path| write_json(path, lock))
+}
+
+/// Writes the record file `name` of run `run` with `write`, or links the last one written in
+/// this workdir (remembered in `state/<last>`) when its `identity` (a digest of everything that
+/// decides the file's bytes) is the same and the file is still the one that was written.
+pub fn write_linked(workdir: &Path, run: &str, name: &str, last: &str, identity: Option<String>, write: impl FnOnce(&Path) -> std::io::Result<()>) -> std::io::Result<()> {
+    let path = runs_dir(workdir).join(run).join(name);
+    let last_file = workdir.join("state").join(last);
     if let Some(last) = Last::read(&last_file) {
-        let last_path = lock_path(workdir, &last.run);
+        let last_path = runs_dir(workdir).join(&last.run).join(name);
         if identity.as_deref() == Some(last.identity.as_str()) && file_stamp(&last_path).as_deref() == Some(last.stamp.as_str()) && std::fs::hard_link(&last_path, &path).is_ok() {
             return Ok(());
         }
     }
-    write_json(&path, lock)?;
+    write(&path)?;
     // Remembered only when the identity is known; a failure here costs the next run a write.
     if let (Some(identity), Some(stamp)) = (identity, file_stamp(&path)) {
         let line = format!("{identity} {stamp} {run}\n");
@@ -33,13 +39,21 @@ pub fn write(lock: &Lockfile, workdir: &Path, run: &str) -> std::io::Result<()> 
     Ok(())
 }
 
+/// The identity of a run's copy of its spec, for [`write_linked`]: the copy is the spec's bytes.
+pub fn spec_identity(source: &str) -> String {
+    let mut h = crate::cache::key::PartsHasher::default();
+    h.part(b"mflow-spec-copy-1").part(source.as_bytes());
+    h.hex()
+}
+
 /// Which file is at `path` and how it was last written: inode, size and mtime.
 fn file_stamp(path: &Path) -> Option<String> {
     let m = std::fs::metadata(path).ok()?;
     Some(format!("{}:{}:{}.{}", m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
 }
 
-fn lock_path(workdir: &Path, run: &str) -> PathBuf {
+#[cfg(test)]
+fn lock_path(workdir: &Path, run: &str) -> std::path::PathBuf {
     runs_dir(workdir).join(run).join("mflow.lock")
 }
 
@@ -113,10 +127,32 @@ mod tests {
     }
 
     /// Writes `lock` as run `id`'s lockfile; returns its path.
-    fn write_run(work: &Path, id: &str, lock: &Lockfile) -> PathBuf {
+    fn write_run(work: &Path, id: &str, lock: &Lockfile) -> std::path::PathBuf {
         std::fs::create_dir_all(work.join("runs").join(id)).unwrap();
         write(lock, work, id).unwrap();
         lock_path(work, id)
+    }
+
+    #[test]
+    fn the_same_spec_copy_is_linked_and_another_is_written() {
+        let work = tempfile::tempdir().unwrap();
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        let copy = |id: &str, text: &str| {
+            std::fs::create_dir_all(work.path().join("runs").join(id)).unwrap();
+            write_linked(work.path(), id, "spec.toml", "spec.last", Some(spec_identity(text)), |p| std::fs::write(p, text)).unwrap();
+            work.path().join("runs").join(id).join("spec.toml")
+        };
+        let one = copy("1", "a = 1\n");
+        let two = copy("2", "a = 1\n");
+        assert_eq!(ino(&one), ino(&two), "the same spec is linked");
+        let three = copy("3", "a = 2\n");
+        assert_ne!(ino(&two), ino(&three));
+        assert_eq!(std::fs::read_to_string(&three).unwrap(), "a = 2\n");
+        // A copy edited since it was written is not linked.
+        std::fs::write(&three, "edited\n").unwrap();
+        let four = copy("4", "a = 2\n");
+        assert_ne!(ino(&three), ino(&four));
+        assert_eq!(std::fs::read_to_string(&four).unwrap(), "a = 2\n");
     }
 
     #[test]
