@@ -139,17 +139,7 @@ pub fn objects(name: &str, namespace: &str, subjects: &Subjects) -> Vec<Value> {
         .iter()
         .map(|sa| json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": namespace, "labels": labels}}))
         .collect();
-    out.push(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "rules": policy_rules(RULES, false),
-    }));
-    out.push(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": subject_list,
-    }));
+    out.extend(role_and_binding(name, namespace, &labels, RULES, &subject_list));
     out.push(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": cluster_name, "labels": labels},
@@ -163,20 +153,26 @@ pub fn objects(name: &str, namespace: &str, subjects: &Subjects) -> Vec<Value> {
     }));
     let people: Vec<Value> = subject_list.iter().filter(|s| s["kind"] != "ServiceAccount").cloned().collect();
     if !people.is_empty() {
-        let outside = format!("{name}-outside");
-        out.push(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": outside, "namespace": namespace, "labels": labels},
-            "rules": policy_rules(OUTSIDE, false),
-        }));
-        out.push(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": outside, "namespace": namespace, "labels": labels},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": outside},
-            "subjects": people,
-        }));
+        out.extend(role_and_binding(&format!("{name}-outside"), namespace, &labels, OUTSIDE, &people));
     }
     out
+}
+
+/// A namespaced Role of the namespaced `rules` and its RoleBinding to `subjects`.
+fn role_and_binding(name: &str, namespace: &str, labels: &Value, rules: &[Rule], subjects: &[Value]) -> [Value; 2] {
+    [
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "rules": policy_rules(rules, false),
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": subjects,
+        }),
+    ]
 }
 
 /// A comment block listing every rule of `rules` and why mflow needs it.
