@@ -11,7 +11,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 work="${1:?usage: run.sh WORK_DIR}"
 mkdir -p "$work"
 export MFLOW="${MFLOW:-$here/../../target/release/mflow}"
-[ -x "$MFLOW" ] || { echo "mflow binary not found at $MFLOW (build with cargo build --release -p mflow, or set MFLOW)" >&2; exit 2; }
+[ -x "$MFLOW" ] || { echo "mflow binary not found at $MFLOW (build with cargo build --release, or set MFLOW)" >&2; exit 2; }
 command -v ninja >/dev/null || { echo "ninja not found (apt-get install ninja-build)" >&2; exit 2; }
 echo "# $(date -u +%FT%TZ) $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$MFLOW" --version 2>/dev/null | head -1 || true

@@ -5,7 +5,7 @@
 //!
 //! Seeds: the repository's specs, and the test fixtures for the errors, one file each:
 //!   mkdir -p fuzz/corpus/spec
-//!   for f in $(find specs examples crates/mflow/tests/fixtures -name '*.toml'); do
+//!   for f in $(find specs examples tests/fixtures -name '*.toml'); do
 //!     cp "$f" "fuzz/corpus/spec/$(echo "$f" | tr / _)"; done
 #![no_main]
 
