@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the fuzz targets side by side, each with its own fork workers, and keeps their corpora.
 #
-#   bash fuzz/run.sh BIN_DIR CORPUS_DIR OUT_DIR SECONDS [TARGET=WORKERS ...]
+#   bash fuzz/run.sh BIN_DIR CORPUS_DIR OUT_DIR SECONDS [TARGET=WORKERS[:MAX_LEN] ...]
 #
 # BIN_DIR holds the targets built by `cargo +nightly fuzz build -O` (stripped copies will do);
 # CORPUS_DIR/TARGET is each target's corpus, grown in place and copied to OUT_DIR/corpus;
@@ -10,14 +10,15 @@ set -euo pipefail
 bin=$1 corpus=$2 out=$3 seconds=$4
 shift 4
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(spec=6 safetensors_header=2 hf_config=2 manifest=2 tokenizer_config=2)
+[ ${#targets[@]} -gt 0 ] || targets=(spec=6 safetensors_header=2 hf_config=2 manifest=2 tokenizer_config=2 pretokenizer=2:4096)
 mkdir -p "$out/artifacts"
 pids=()
 for t in "${targets[@]}"; do
-  name=${t%%=*} workers=${t#*=}
+  name=${t%%=*} workers=${t#*=} len=65536
+  # Texts for the pre-tokenizer stay short: it runs three tokenizers' pre-tokenizers twice, and
+  # what it can get wrong shows in a few characters.
+  case $workers in *:*) len=${workers#*:} workers=${workers%%:*} ;; esac
   mkdir -p "$corpus/$name" "$out/artifacts/$name"
-  # The spec target reads whole specs; the others' documents are small.
-  len=65536
   "$bin/$name" "$corpus/$name" -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=$len -timeout=10 \
     -fork="$workers" -ignore_crashes=1 -print_final_stats=1 -artifact_prefix="$out/artifacts/$name/" \
     >"$out/$name.log" 2>&1 &

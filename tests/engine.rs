@@ -527,7 +527,7 @@ fn native_stages_run_after_the_binary_was_replaced() {
     );
     let exe = p.path().join("mflow");
     std::fs::copy(env!("CARGO_BIN_EXE_mflow"), &exe).unwrap();
-    let mut child = std::process::Command::new(&exe)
+    let child = std::process::Command::new(&exe)
         .args(["run", "spec.toml"])
         .current_dir(p.path())
         .env("CI", "true")

@@ -6,7 +6,7 @@ One document per source file (Rust crate sources, Rust toolchain docs, Python so
 package docs), UTF-8 only, de-duplicated by content, files over 16 MB left out, shuffled with a
 fixed seed, written as JSONL {"text": ...} until --mb megabytes of text.
 
-usage: make_corpus.py OUTDIR [--mb 520] [--vocab 32000]
+usage: make_corpus.py OUTDIR [--mb 520] [--vocab 32000] [--pretokenizer gpt2|llama3]
 writes OUTDIR/corpus.jsonl, OUTDIR/tokenizer/{tokenizer.json,tokenizer_config.json}, OUTDIR/corpus.json
 """
 import argparse
@@ -20,6 +20,8 @@ import time
 
 EXTS = ('.rs', '.md', '.toml', '.txt', '.py', '.c', '.h', '.html', '.rst', '.json', '.yml', '.yaml', '.sh')
 MAX_FILE = 16 << 20
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+          r"|\s+(?!\S)|\s+")
 
 
 def roots():
@@ -61,6 +63,8 @@ def main():
     ap.add_argument('outdir')
     ap.add_argument('--mb', type=int, default=520)
     ap.add_argument('--vocab', type=int, default=32000)
+    ap.add_argument('--pretokenizer', choices=['gpt2', 'llama3'], default='gpt2',
+                    help="GPT-2's ByteLevel regex, or Llama-3's Split pattern before ByteLevel")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
     t0 = time.time()
@@ -87,9 +91,14 @@ def main():
                 break
     print(f'corpus: {docs} documents, {total} bytes of text in {time.time() - t0:.0f}s')
 
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if a.pretokenizer == 'gpt2':
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3), behavior='isolated'),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(vocab_size=a.vocab, min_frequency=2, special_tokens=['<|endoftext|>'],

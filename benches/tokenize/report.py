@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
-"""Turns the outputs of benches/tokenize/run.sh into a markdown table with ratios."""
+"""Turns the runs of benches/tokenize/run.sh into a markdown table: medians over the alternating
+rounds, the per-round wall-time ratio of mflow to gigatoken, and the documents whose ids differ
+from the Python tokenizers library's.
+
+usage: report.py RUNS_DIR REPS
+"""
 import json
 import os
 import re
+import statistics
 import sys
 
 
@@ -13,50 +19,51 @@ def gnu_time(path):
     rss = int(re.search(r'Maximum resident set size \(kbytes\): (\d+)', text).group(1))
     user = float(re.search(r'User time \(seconds\): ([\d.]+)', text).group(1))
     sys_ = float(re.search(r'System time \(seconds\): ([\d.]+)', text).group(1))
-    return wall, rss, user + sys_
+    return wall, rss / 1024, user + sys_
 
 
 def load(d, name):
-    path = os.path.join(d, f'{name}.load')
-    if not os.path.exists(path):
-        return '?'
-    return ' → '.join(l.split()[0] for l in open(path).read().split('\n') if l.strip())
+    return ' → '.join(l.split()[0] for l in open(os.path.join(d, f'{name}.load')).read().splitlines() if l.strip())
 
 
-RUNS = [('ceiling', "(a) tokenizers crate default path (`encode_fast`), encode only"),
-        ('ceiling-memo', "(a') mflow's encode path (word memo + lean splitter), encode only"),
-        ('mflow', '**mflow-data** (whole stage)'),
-        ('python', '(b) Python: encode_batch + numpy .bin/.idx'),
-        ('mflow-nomemo', 'mflow-data `--word-memo-mib 0` (before: crate path)')]
+ROWS = [('mflow', '**mflow dataset**, 2 threads'),
+        ('gigatoken', 'gigatoken 0.10 (JSONL source, numpy .bin/.idx), 2 threads'),
+        ('mflow-1thread', '**mflow dataset**, 1 thread'),
+        ('python', 'HF tokenizers `encode_batch_fast` + numpy (the reference ids)'),
+        ('ceiling', '`tokenizers` crate `encode_fast`, encode only (corpus preloaded)'),
+        ('mflow-crate-pretokenizer', 'mflow `--word-memo-mib 0` (the crate\'s own encode)')]
 
 
 def main():
-    d = sys.argv[1]
-    stats = json.load(open(os.path.join(d, 'mflow-out', 'stats.json')))
-    text, tokens = stats['text_bytes'], stats['tokens']
-    rows = {}
-    for name, label in RUNS:
-        if not os.path.exists(os.path.join(d, f'{name}.time')):
+    d, reps = sys.argv[1], int(sys.argv[2])
+    stats = json.load(open(os.path.join(d, 'mflow.1-out', 'stats.json')))
+    text = stats['text_bytes']
+    print(f"corpus: {stats['documents']:,} documents, {text:,} bytes of text, {stats['tokens']:,} tokens with EOD\n")
+    print('| run | wall s (median) | runs | text MB/s | CPU s | peak RSS MiB | documents differing from HF | load avg (1 min) |')
+    print('|---|---|---|---|---|---|---|---|')
+    walls = {}
+    for name, label in ROWS:
+        names = [f'{name}.{r}' for r in range(1, reps + 1)] if os.path.exists(os.path.join(d, f'{name}.1.time')) else [name]
+        if not os.path.exists(os.path.join(d, f'{names[0]}.time')):
             continue
-        wall, rss, cpu = gnu_time(os.path.join(d, f'{name}.time'))
-        secs, toks = wall, tokens
-        if name.startswith('ceiling'):
-            # encode phase only; its tokens exclude the EOD ids
-            enc = json.loads(open(os.path.join(d, f'{name}.out')).read().strip().splitlines()[-1])
-            secs, cpu, toks = enc['encode_s'], enc['encode_cpu_s'], enc['tokens']
-        rows[name] = (label, secs, wall, text / 1e6 / secs, toks / 1e6 / secs, rss / 1024, cpu, load(d, name))
-    print(f"corpus: {stats['documents']} documents, {text:,} bytes of text, {tokens:,} tokens (with EOD)\n")
-    print('| run | seconds | whole-process wall s | text MB/s | M tokens/s | peak RSS MiB | CPU s (user+sys) | text MB per CPU-s | load avg (1 min, before → after) |')
-    print('|---|---|---|---|---|---|---|---|---|')
-    for label, secs, wall, mbps, mtps, rss, cpu, la in rows.values():
-        print(f'| {label} | {secs:.1f} | {wall:.1f} | {mbps:.2f} | {mtps:.3f} | {rss:,.0f} | {cpu:.1f} | {text / 1e6 / cpu:.2f} | {la} |')
-    m = rows['mflow']
-    for key, what in [('ceiling', '(a)'), ('ceiling-memo', "(a')"), ('python', '(b)'), ('mflow-nomemo', 'mflow --word-memo-mib 0')]:
-        if key in rows:
-            r = rows[key]
-            print(f'\n{what} / mflow: wall {r[1] / m[1]:.2f}x, CPU {r[6] / m[6]:.2f}x', end='')
-    print('\n\n(a), (a\'): encode phase only (corpus preloaded); other rows: whole process incl. start-up and I/O.')
-    print('targets: mflow within 1.3x of (a), i.e. (a)/mflow >= 0.77; (b)/mflow >= 3.')
+        runs = [gnu_time(os.path.join(d, f'{n}.time')) for n in names]
+        if name == 'ceiling':  # the encode phase only, as the example reports it
+            enc = json.loads(open(os.path.join(d, 'ceiling.out')).read().strip().splitlines()[-1])
+            runs = [(enc['encode_s'], runs[0][1], enc['encode_cpu_s'])]
+        walls[name] = [r[0] for r in runs]
+        wall = statistics.median(r[0] for r in runs)
+        diff_path = os.path.join(d, f'{name}.diff')
+        differ = json.load(open(diff_path))['differing'] if os.path.exists(diff_path) else ('reference' if name == 'python' else '–')
+        print(f"| {label} | {wall:.2f} | {', '.join(f'{r[0]:.2f}' for r in runs)} | {text / 1e6 / wall:.1f} | "
+              f"{statistics.median(r[2] for r in runs):.2f} | {statistics.median(r[1] for r in runs):,.0f} | {differ} | "
+              f"{load(d, names[0])} |")
+    if 'gigatoken' in walls:
+        ratios = [m / g for m, g in zip(walls['mflow'], walls['gigatoken'])]
+        print(f"\nmflow / gigatoken wall time, round by round: {', '.join(f'{r:.2f}' for r in ratios)} "
+              f"(median {statistics.median(ratios):.2f})")
+    for name in ('python', 'ceiling', 'mflow-crate-pretokenizer'):
+        if name in walls:
+            print(f"{name} / mflow wall time: {statistics.median(walls[name]) / statistics.median(walls['mflow']):.1f}x")
 
 
 if __name__ == '__main__':

@@ -123,6 +123,8 @@ pub struct Summary {
     pub stats: Stats,
     pub seconds: f64,
     pub threads: usize,
+    /// How documents were encoded ([`Encoder::path`]).
+    pub path: String,
 }
 
 struct Batch {
@@ -281,7 +283,7 @@ pub fn build(opts: &Options) -> Result<Summary, BuildError> {
     };
     write_metadata(staging.path(), opts, &encoder, &stats)?;
     staging.commit()?;
-    Ok(Summary { stats, seconds: started.elapsed().as_secs_f64(), threads })
+    Ok(Summary { stats, seconds: started.elapsed().as_secs_f64(), threads, path: encoder.path() })
 }
 
 fn encode_batch(encoder: &Encoder, batch: Batch, max_tokens: Option<u64>) -> Encoded {

@@ -65,7 +65,7 @@ pub fn run(args: &DatasetArgs) -> miette::Result<()> {
     let s = &summary.stats;
     let secs = summary.seconds.max(1e-9);
     eprintln!(
-        "dataset {}: {} documents, {} tokens (train {}, valid {}, test {} documents), {:.1} MB/s, {:.2} M tokens/s, {} threads",
+        "dataset {}: {} documents, {} tokens (train {}, valid {}, test {} documents), {:.1} MB/s, {:.2} M tokens/s, {} threads, {}",
         opts.out.display(),
         s.documents,
         s.tokens,
@@ -75,6 +75,7 @@ pub fn run(args: &DatasetArgs) -> miette::Result<()> {
         s.text_bytes as f64 / 1e6 / secs,
         s.tokens as f64 / 1e6 / secs,
         summary.threads,
+        summary.path,
     );
     Ok(())
 }

@@ -7,16 +7,17 @@
 //! tokenizer). Library users call [`build`] directly.
 
 pub mod build;
-mod bytelevel;
 pub mod cli;
 pub mod indexed;
 pub mod input;
 mod memo;
 pub mod options;
 pub mod output;
+pub mod pretokenize;
 pub mod split;
 pub mod tokenize;
 mod untrusted;
+mod words;
 
 pub use build::{build, BuildError, Stats, Summary};
 pub use cli::{run, DatasetArgs};

@@ -4,26 +4,25 @@
 //! of `Tokenizer::encode` by construction: the same steps run on the same strings, only the
 //! model's answer for a word is reused.
 //!
-//! For byte-level BPE tokenizers without a normalizer, the words come from
-//! [`ByteLevelSplitter`] instead of the crate's pre-tokenizer (same regex, same byte mapping,
+//! For byte-level BPE tokenizers without a normalizer, the words come from mflow's
+//! [`ByteLevelSplitter`] instead of the crate's pre-tokenizer (same cuts, same byte mapping,
 //! without the per-word alignment bookkeeping), and the memo is keyed by the raw word.
 //!
 //! Used only when that equivalence holds: no truncation or padding, a deterministic model (no
 //! BPE dropout), and a post-processor whose special tokens do not depend on the text (checked
 //! at load by post-processing two probe encodings).
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use tokenizers::models::ModelWrapper;
 use tokenizers::{Encoding, Model, OffsetReferential, OffsetType, PreTokenizer, Token, Tokenizer};
 
-use crate::bytelevel::ByteLevelSplitter;
+use crate::pretokenize::ByteLevelSplitter;
+use crate::words::WordIds;
 
-/// Words longer than this skip the memo (they are rare and would crowd it).
-const MAX_WORD_BYTES: usize = 256;
-/// Bookkeeping per memo entry besides its key and ids: map slot, key box, arena range.
-const ENTRY_OVERHEAD_BYTES: usize = 48;
+/// Documents are encoded in pieces of about this size, in parallel, so that one large
+/// document does not keep one thread busy while the others wait.
+const PIECE_BYTES: usize = 1 << 20;
 
 /// Ids a post-processor puts around every single-sequence encoding.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -32,26 +31,11 @@ pub(crate) struct Framing {
     pub suffix: Vec<u32>,
 }
 
-/// One worker's memo: word -> range of its ids in `ids`. Emptied when it reaches its byte cap,
-/// so memory stays bounded whatever the corpus.
-struct WordIds {
-    ranges: HashMap<Box<str>, (u32, u32)>,
-    ids: Vec<u32>,
-    bytes: usize,
-}
-
-impl WordIds {
-    fn new() -> WordIds {
-        WordIds { ranges: HashMap::new(), ids: Vec::new(), bytes: 0 }
-    }
-}
-
 /// The memo path of an encoder: a frame learnt at load and one word memo per worker thread.
 pub(crate) struct WordMemo {
     framing: Framing,
     lean: Option<ByteLevelSplitter>,
     workers: Vec<Mutex<WordIds>>,
-    cap_bytes_per_worker: usize,
 }
 
 impl WordMemo {
@@ -68,48 +52,78 @@ impl WordMemo {
         }
         let framing = if add_special_tokens { probe_framing(tokenizer)? } else { Framing::default() };
         let workers = workers.max(1);
+        let cap_per_worker = (cap_bytes / workers).max(1 << 20);
         Some(WordMemo {
             framing,
             lean: ByteLevelSplitter::for_tokenizer(tokenizer),
-            workers: (0..workers).map(|_| Mutex::new(WordIds::new())).collect(),
-            cap_bytes_per_worker: (cap_bytes / workers).max(1 << 20),
+            workers: (0..workers).map(|_| Mutex::new(WordIds::new(cap_per_worker))).collect(),
         })
     }
 
-    /// Whether words come from the lean byte-level splitter rather than the crate's pre-tokenizer.
-    pub(crate) fn is_lean(&self) -> bool {
-        self.lean.is_some()
+    /// mflow's own pre-tokenizer, when it runs instead of the crate's.
+    pub(crate) fn lean(&self) -> Option<&ByteLevelSplitter> {
+        self.lean.as_ref()
     }
 
-    /// Appends the ids of `text` to `out`, as `tokenizer.encode(text, add_special_tokens)` gives them.
+    /// Appends the ids of `text` to `out`, as `tokenizer.encode(text, add_special_tokens)` gives
+    /// them. A large document without added tokens is encoded in pieces, in parallel on the
+    /// current rayon pool.
     pub(crate) fn encode_into(&self, tokenizer: &Tokenizer, text: &str, out: &mut Vec<u32>) -> tokenizers::Result<()> {
+        out.extend_from_slice(&self.framing.prefix);
+        let cuts = match &self.lean {
+            Some(lean) if text.len() > PIECE_BYTES && !lean.may_hold_added_tokens(text) => lean.cuts(text, PIECE_BYTES),
+            _ => Vec::new(),
+        };
+        if cuts.is_empty() {
+            self.encode_words(tokenizer, text, None, out)?;
+        } else {
+            use rayon::prelude::*;
+            let starts = std::iter::once(0).chain(cuts.iter().copied());
+            let pieces: Vec<(usize, usize)> = starts.zip(cuts.iter().copied().chain([text.len()])).collect();
+            let ids: Vec<Vec<u32>> = pieces
+                .into_par_iter()
+                .map(|piece| {
+                    let mut ids = Vec::new();
+                    self.encode_words(tokenizer, text, Some(piece), &mut ids).map(|()| ids)
+                })
+                .collect::<tokenizers::Result<_>>()?;
+            ids.iter().for_each(|piece| out.extend_from_slice(piece));
+        }
+        out.extend_from_slice(&self.framing.suffix);
+        Ok(())
+    }
+
+    /// The ids of the words of `text`, or of its `piece` (a text without added tokens), without
+    /// the framing. Holds this worker's memo, and calls nothing that waits on other workers.
+    fn encode_words(&self, tokenizer: &Tokenizer, text: &str, piece: Option<(usize, usize)>, out: &mut Vec<u32>) -> tokenizers::Result<()> {
         let worker = rayon::current_thread_index().unwrap_or(0) % self.workers.len();
         let mut memo = self.workers[worker].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let memo = &mut *memo;
-        let cap = self.cap_bytes_per_worker;
         let model = tokenizer.get_model();
-        out.extend_from_slice(&self.framing.prefix);
         match &self.lean {
             Some(lean) => {
                 let mut mapped = String::new();
-                let mut lean_words = |segment: &str, out: &mut Vec<u32>| {
-                    lean.for_each_word(segment, |word| {
-                        memo.ids_of(word, cap, out, || {
+                let mut lean_words = |segment: &str, from: usize, to: usize, out: &mut Vec<u32>| {
+                    let bytes = segment.as_bytes();
+                    lean.for_each_word(segment, from, to, |start, end| {
+                        memo.ids_of(bytes, start, end, out, |word| {
                             lean.map_into(word, &mut mapped);
                             model.tokenize(&mapped)
                         })
                     })
                 };
-                if lean.may_hold_added_tokens(text) {
+                if let Some((from, to)) = piece {
+                    lean_words(text, from, to, out)?;
+                } else if lean.may_hold_added_tokens(text) {
                     let pretokenized = tokenizer.get_added_vocabulary().extract_and_normalize(tokenizer.get_normalizer(), text);
                     for (segment, _, tokens) in pretokenized.get_splits(OffsetReferential::Original, OffsetType::None) {
                         match tokens {
                             Some(tokens) => out.extend(tokens.iter().map(|t| t.id)),
-                            None => lean_words(segment, out)?,
+                            None => lean_words(segment, 0, segment.len(), out)?,
                         }
                     }
                 } else {
-                    lean_words(text, out)?;
+                    lean_words(text, 0, text.len(), out)?;
                 }
             }
             None => {
@@ -121,44 +135,11 @@ impl WordMemo {
                     match tokens {
                         // added tokens come out of the extraction already tokenized
                         Some(tokens) => out.extend(tokens.iter().map(|t| t.id)),
-                        None => memo.ids_of(word, cap, out, || model.tokenize(word))?,
+                        None => memo.ids_of(word.as_bytes(), 0, word.len(), out, |_| model.tokenize(word))?,
                     }
                 }
             }
         }
-        out.extend_from_slice(&self.framing.suffix);
-        Ok(())
-    }
-}
-
-impl WordIds {
-    /// Appends the ids of `word`, from the memo or else from `tokenize` (then remembered).
-    fn ids_of(
-        &mut self,
-        word: &str,
-        cap_bytes: usize,
-        out: &mut Vec<u32>,
-        tokenize: impl FnOnce() -> tokenizers::Result<Vec<Token>>,
-    ) -> tokenizers::Result<()> {
-        if let Some(&(start, len)) = self.ranges.get(word) {
-            out.extend_from_slice(&self.ids[start as usize..(start + len) as usize]);
-            return Ok(());
-        }
-        let tokens = tokenize()?;
-        out.extend(tokens.iter().map(|t| t.id));
-        if word.len() > MAX_WORD_BYTES {
-            return Ok(());
-        }
-        let cost = word.len() + 4 * tokens.len() + ENTRY_OVERHEAD_BYTES;
-        if self.bytes + cost > cap_bytes {
-            self.ranges.clear();
-            self.ids.clear();
-            self.bytes = 0;
-        }
-        let start = self.ids.len() as u32;
-        self.ids.extend(tokens.iter().map(|t| t.id));
-        self.ranges.insert(word.into(), (start, tokens.len() as u32));
-        self.bytes += cost;
         Ok(())
     }
 }

@@ -98,10 +98,24 @@ impl Encoder {
         matches!(&self.kind, Kind::Hf { memo: Some(_), .. })
     }
 
-    /// Whether the word memo cuts words with mflow's lean byte-level splitter (see
-    /// `bytelevel`) rather than the crate's pre-tokenizer.
+    /// Whether the word memo cuts words with mflow's own pre-tokenizer (see [`crate::pretokenize`])
+    /// rather than the crate's.
     pub fn uses_lean_splitter(&self) -> bool {
-        matches!(&self.kind, Kind::Hf { memo: Some(memo), .. } if memo.is_lean())
+        matches!(&self.kind, Kind::Hf { memo: Some(memo), .. } if memo.lean().is_some())
+    }
+
+    /// Which encode path runs, in a few words for the output: mflow's scanner or the
+    /// pattern's regex under the word memo, the crate's pre-tokenizer under it, the crate's
+    /// `encode`, or bytes.
+    pub fn path(&self) -> String {
+        match &self.kind {
+            Kind::ByteLevel => "bytes".into(),
+            Kind::Hf { memo: None, .. } => "tokenizers encode".into(),
+            Kind::Hf { memo: Some(memo), .. } => match memo.lean() {
+                Some(lean) => format!("{} + word memo", lean.path()),
+                None => "tokenizers pre-tokenizer + word memo".into(),
+            },
+        }
     }
 
     pub fn dtype(&self) -> Dtype {

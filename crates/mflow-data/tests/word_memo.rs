@@ -75,10 +75,15 @@ fn other_tokenizer_shapes_match() {
     // Qwen2 style NFC normalizer, and a prefix space: the memo over the crate's own pre-tokenizer
     let nfc = variant(tmp.path(), "nfc", |t| t["normalizer"] = json!({"type": "NFC"}));
     let prefix = variant(tmp.path(), "prefix", |t| t["pre_tokenizer"]["add_prefix_space"] = json!(true));
-    for (tok, lean) in [(&llama3, true), (&nfc, false), (&prefix, false)] {
+    for (tok, path) in [
+        (&llama3, "scanner (llama3) + word memo"),
+        (&nfc, "tokenizers pre-tokenizer + word memo"),
+        (&prefix, "tokenizers pre-tokenizer + word memo"),
+    ] {
         let enc = encoder(tok);
         assert!(enc.uses_word_memo(), "{tok}");
-        assert_eq!(enc.uses_lean_splitter(), lean, "{tok}");
+        assert_eq!(enc.path(), path, "{tok}");
+        assert_eq!(enc.uses_lean_splitter(), path.starts_with("scanner"), "{tok}");
         check_tokenizer(tok, true);
     }
 }
@@ -93,4 +98,60 @@ fn bpe_dropout_turns_the_memo_off() {
         .unwrap()
         .with_word_memo(2, 0);
     assert!(!off.uses_word_memo(), "a cap of 0 turns the memo off");
+    assert_eq!(off.path(), "tokenizers encode");
+    assert_eq!(Encoder::load(&TokenizerSource::ByteLevel, None, true).unwrap().path(), "bytes");
+}
+
+/// Tokenizers the scanner does not cover keep the crate's own pre-tokenizer under the memo:
+/// SentencePiece-style (Metaspace, Unigram, NFKC) and BERT-style (WordPiece, lower-casing
+/// normalizer, a [CLS] ... [SEP] frame).
+#[test]
+fn sentencepiece_and_wordpiece_shapes_match() {
+    let tmp = tempfile::tempdir().unwrap();
+    let letters: Vec<String> = ('a'..='z').chain('A'..='Z').chain('0'..='9').map(String::from).collect();
+    let special = |id: usize, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+               "normalized": false, "special": true})
+    };
+    let mut pieces = vec![json!(["<unk>", 0.0]), json!(["</s>", 0.0]), json!(["▁", -2.0])];
+    for (n, w) in ["▁the", "▁of", "▁and", "▁license", "the", "ing", "▁a", "▁fn", "▁self"].iter().enumerate() {
+        pieces.push(json!([w, -3.0 - n as f64 / 10.0]));
+    }
+    pieces.extend(letters.iter().map(|l| json!([l, -8.0])));
+    let unigram = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [special(1, "</s>")],
+        "normalizer": {"type": "NFKC"},
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": true},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "Unigram", "unk_id": 0, "vocab": pieces, "byte_fallback": false}
+    });
+    let mut vocab = serde_json::Map::new();
+    for w in ["[UNK]", "[CLS]", "[SEP]", "</s>", "the", "of", "and", "license", "##s", "##ing", "fn", "self"]
+        .into_iter()
+        .map(String::from)
+        .chain(letters.iter().flat_map(|l| [l.clone(), format!("##{l}")]))
+    {
+        let id = vocab.len();
+        vocab.entry(w).or_insert(id.into());
+    }
+    let (cls, sep) = (vocab["[CLS]"].clone(), vocab["[SEP]"].clone());
+    let wordpiece = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [special(0, "[UNK]"), special(1, "[CLS]"), special(2, "[SEP]"), special(3, "</s>")],
+        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": null, "lowercase": true},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [cls], "tokens": ["[CLS]"]}, "[SEP]": {"id": "[SEP]", "ids": [sep], "tokens": ["[SEP]"]}}},
+        "decoder": null,
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##", "max_input_chars_per_word": 100, "vocab": vocab}
+    });
+    for (name, tok) in [("unigram", unigram), ("wordpiece", wordpiece)] {
+        let path = tmp.path().join(format!("{name}.json"));
+        std::fs::write(&path, serde_json::to_vec(&tok).unwrap()).unwrap();
+        let path = path.to_str().unwrap();
+        assert_eq!(encoder(path).path(), "tokenizers pre-tokenizer + word memo", "{name}");
+        check_tokenizer(path, true);
+    }
 }
