@@ -70,31 +70,35 @@ impl WordMemo {
     /// current rayon pool.
     pub(crate) fn encode_into(&self, tokenizer: &Tokenizer, text: &str, out: &mut Vec<u32>) -> tokenizers::Result<()> {
         out.extend_from_slice(&self.framing.prefix);
-        let cuts = match &self.lean {
-            Some(lean) if text.len() > PIECE_BYTES && !lean.may_hold_added_tokens(text) => lean.cuts(text, PIECE_BYTES),
-            _ => Vec::new(),
-        };
-        if cuts.is_empty() {
-            self.encode_words(tokenizer, text, None, out)?;
-        } else {
-            use rayon::prelude::*;
-            let starts = std::iter::once(0).chain(cuts.iter().copied());
-            let pieces: Vec<(usize, usize)> = starts.zip(cuts.iter().copied().chain([text.len()])).collect();
-            let ids: Vec<Vec<u32>> = pieces
-                .into_par_iter()
-                .map(|piece| {
-                    let mut ids = Vec::new();
-                    self.encode_words(tokenizer, text, Some(piece), &mut ids).map(|()| ids)
-                })
-                .collect::<tokenizers::Result<_>>()?;
-            ids.iter().for_each(|piece| out.extend_from_slice(piece));
+        match self.lean.as_ref().filter(|lean| !lean.may_hold_added_tokens(text)) {
+            // mflow's pre-tokenizer over the whole text, or its pieces
+            Some(lean) => {
+                let cuts = if text.len() > PIECE_BYTES { lean.cuts(text, PIECE_BYTES) } else { Vec::new() };
+                let starts = std::iter::once(0).chain(cuts.iter().copied());
+                let pieces: Vec<(usize, usize)> = starts.zip(cuts.iter().copied().chain([text.len()])).collect();
+                if let [whole] = pieces[..] {
+                    self.encode_words(tokenizer, text, Some(whole), out)?;
+                } else {
+                    use rayon::prelude::*;
+                    let ids: Vec<Vec<u32>> = pieces
+                        .into_par_iter()
+                        .map(|piece| {
+                            let mut ids = Vec::new();
+                            self.encode_words(tokenizer, text, Some(piece), &mut ids).map(|()| ids)
+                        })
+                        .collect::<tokenizers::Result<_>>()?;
+                    ids.iter().for_each(|piece| out.extend_from_slice(piece));
+                }
+            }
+            None => self.encode_words(tokenizer, text, None, out)?,
         }
         out.extend_from_slice(&self.framing.suffix);
         Ok(())
     }
 
-    /// The ids of the words of `text`, or of its `piece` (a text without added tokens), without
-    /// the framing. Holds this worker's memo, and calls nothing that waits on other workers.
+    /// The ids of the words of `text` without the framing: of its `piece` when it holds no added
+    /// token (mflow's pre-tokenizer), else of the whole text after the crate's added-token
+    /// split. Holds this worker's memo, and calls nothing that waits on other workers.
     fn encode_words(&self, tokenizer: &Tokenizer, text: &str, piece: Option<(usize, usize)>, out: &mut Vec<u32>) -> tokenizers::Result<()> {
         let worker = rayon::current_thread_index().unwrap_or(0) % self.workers.len();
         let mut memo = self.workers[worker].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -114,7 +118,7 @@ impl WordMemo {
                 };
                 if let Some((from, to)) = piece {
                     lean_words(text, from, to, out)?;
-                } else if lean.may_hold_added_tokens(text) {
+                } else {
                     let pretokenized = tokenizer.get_added_vocabulary().extract_and_normalize(tokenizer.get_normalizer(), text);
                     for (segment, _, tokens) in pretokenized.get_splits(OffsetReferential::Original, OffsetType::None) {
                         match tokens {
@@ -122,8 +126,6 @@ impl WordMemo {
                             None => lean_words(segment, 0, segment.len(), out)?,
                         }
                     }
-                } else {
-                    lean_words(text, 0, text.len(), out)?;
                 }
             }
             None => {

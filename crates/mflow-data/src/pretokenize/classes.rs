@@ -4,7 +4,7 @@
 //!
 //! Exactness hangs on these tables rather than on the scanning algorithm: two Unicode versions
 //! disagree on code points such as U+A7CF. The ranges in `unicode.rs` were read off the engine
-//! by [`derive_tables`], and a test derives them again and fails when the engine's answer
+//! by `derive_tables` (in the tests), and a test derives them again and fails when the engine's answer
 //! differs (regenerate with `UPDATE_UNICODE_CLASSES=1 cargo test -p mflow-data unicode`).
 
 use std::sync::OnceLock;
@@ -100,98 +100,98 @@ pub(crate) fn folds_to(c: char, letter: char) -> bool {
     unicode::FOLDS.iter().any(|(l, set)| *l == letter && set.contains(&c))
 }
 
-/// The ranges of `\p{L}`, `\p{N}` and `\s`, and the `(?i:x)` set of each contraction letter, as
-/// the `tokenizers` crate's regex engine matches them. Fails if the classes overlap, or if a
-/// single character matches a two-letter contraction (then the scanner would not be exact).
-pub fn derive_tables() -> Result<DerivedTables, String> {
-    use tokenizers::utils::SysRegex;
-    let all: String = (0..=0x10FFFFu32).filter_map(char::from_u32).collect();
-    let matched = |pattern: &str| -> Result<Vec<char>, String> {
-        let re = SysRegex::new(pattern).map_err(|e| format!("{pattern}: {e}"))?;
-        Ok(re.find_iter(&all).flat_map(|(s, e)| all[s..e].chars()).collect())
-    };
-    let ranges = |pattern: &str| -> Result<Vec<(u32, u32)>, String> {
-        let mut out: Vec<(u32, u32)> = Vec::new();
-        for c in matched(pattern)? {
-            match out.last_mut() {
-                Some((_, hi)) if *hi + 1 == c as u32 => *hi = c as u32,
-                _ => out.push((c as u32, c as u32)),
-            }
-        }
-        Ok(out)
-    };
-    let tables = DerivedTables {
-        letter: ranges(r"\p{L}+")?,
-        number: ranges(r"\p{N}+")?,
-        space: ranges(r"\s+")?,
-        folds: "strevmld"
-            .chars()
-            .map(|l| Ok((l, matched(&format!("(?i:{l})+"))?)))
-            .collect::<Result<_, String>>()?,
-    };
-    let mut seen = vec![false; CODE_POINTS];
-    for (lo, hi) in tables.letter.iter().chain(&tables.number).chain(&tables.space) {
-        for cp in *lo..=*hi {
-            if std::mem::replace(&mut seen[cp as usize], true) {
-                return Err(format!("U+{cp:04X} is in two of \\p{{L}}, \\p{{N}}, \\s"));
-            }
-        }
-    }
-    if let Some(c) = matched("(?i:re|ve|ll)")?.first() {
-        return Err(format!("{c:?} matches a two-letter contraction on its own"));
-    }
-    Ok(tables)
-}
-
-/// What [`derive_tables`] reads off the regex engine.
-#[derive(Debug, PartialEq)]
-pub struct DerivedTables {
-    pub letter: Vec<(u32, u32)>,
-    pub number: Vec<(u32, u32)>,
-    pub space: Vec<(u32, u32)>,
-    pub folds: Vec<(char, Vec<char>)>,
-}
-
-impl DerivedTables {
-    /// The tables as shipped in `unicode.rs`.
-    pub fn shipped() -> DerivedTables {
-        DerivedTables {
-            letter: unicode::LETTER.to_vec(),
-            number: unicode::NUMBER.to_vec(),
-            space: unicode::SPACE.to_vec(),
-            folds: unicode::FOLDS.iter().map(|(l, s)| (*l, s.to_vec())).collect(),
-        }
-    }
-
-    /// `unicode.rs` holding these tables.
-    pub fn to_source(&self) -> String {
-        let ranges = |name: &str, what: &str, r: &[(u32, u32)]| {
-            let mut s = format!("/// {what}: inclusive code-point ranges.\npub(super) const {name}: &[(u32, u32)] = &[\n");
-            for line in r.chunks(6) {
-                let items: Vec<String> = line.iter().map(|(lo, hi)| format!("(0x{lo:04X}, 0x{hi:04X})")).collect();
-                s.push_str(&format!("    {},\n", items.join(", ")));
-            }
-            s + "];\n\n"
-        };
-        let mut s = String::from(
-            "// Generated from the regex engine of the `tokenizers` crate by `classes::derive_tables`\n\
-             // (UPDATE_UNICODE_CLASSES=1 cargo test -p mflow-data unicode). Do not edit.\n\n",
-        );
-        s += &ranges("LETTER", r"`\p{L}`", &self.letter);
-        s += &ranges("NUMBER", r"`\p{N}`", &self.number);
-        s += &ranges("SPACE", r"`\s`", &self.space);
-        s += "/// Each contraction letter and the characters `(?i:letter)` matches.\npub(super) const FOLDS: &[(char, &[char])] = &[\n";
-        for (l, set) in &self.folds {
-            let chars: Vec<String> = set.iter().map(|c| format!("'\\u{{{:x}}}'", *c as u32)).collect();
-            s += &format!("    ('{l}', &[{}]),\n", chars.join(", "));
-        }
-        s + "];\n"
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ranges of `\p{L}`, `\p{N}` and `\s`, and the `(?i:x)` set of each contraction letter, as
+    /// the `tokenizers` crate's regex engine matches them. Fails if the classes overlap, or if a
+    /// single character matches a two-letter contraction (then the scanner would not be exact).
+    fn derive_tables() -> Result<DerivedTables, String> {
+        use tokenizers::utils::SysRegex;
+        let all: String = (0..=0x10FFFFu32).filter_map(char::from_u32).collect();
+        let matched = |pattern: &str| -> Result<Vec<char>, String> {
+            let re = SysRegex::new(pattern).map_err(|e| format!("{pattern}: {e}"))?;
+            Ok(re.find_iter(&all).flat_map(|(s, e)| all[s..e].chars()).collect())
+        };
+        let ranges = |pattern: &str| -> Result<Vec<(u32, u32)>, String> {
+            let mut out: Vec<(u32, u32)> = Vec::new();
+            for c in matched(pattern)? {
+                match out.last_mut() {
+                    Some((_, hi)) if *hi + 1 == c as u32 => *hi = c as u32,
+                    _ => out.push((c as u32, c as u32)),
+                }
+            }
+            Ok(out)
+        };
+        let tables = DerivedTables {
+            letter: ranges(r"\p{L}+")?,
+            number: ranges(r"\p{N}+")?,
+            space: ranges(r"\s+")?,
+            folds: "strevmld"
+                .chars()
+                .map(|l| Ok((l, matched(&format!("(?i:{l})+"))?)))
+                .collect::<Result<_, String>>()?,
+        };
+        let mut seen = vec![false; CODE_POINTS];
+        for (lo, hi) in tables.letter.iter().chain(&tables.number).chain(&tables.space) {
+            for cp in *lo..=*hi {
+                if std::mem::replace(&mut seen[cp as usize], true) {
+                    return Err(format!("U+{cp:04X} is in two of \\p{{L}}, \\p{{N}}, \\s"));
+                }
+            }
+        }
+        if let Some(c) = matched("(?i:re|ve|ll)")?.first() {
+            return Err(format!("{c:?} matches a two-letter contraction on its own"));
+        }
+        Ok(tables)
+    }
+
+    /// What `derive_tables` reads off the regex engine.
+    #[derive(Debug, PartialEq)]
+    struct DerivedTables {
+        letter: Vec<(u32, u32)>,
+        number: Vec<(u32, u32)>,
+        space: Vec<(u32, u32)>,
+        folds: Vec<(char, Vec<char>)>,
+    }
+
+    impl DerivedTables {
+        /// The tables as shipped in `unicode.rs`.
+        fn shipped() -> DerivedTables {
+            DerivedTables {
+                letter: unicode::LETTER.to_vec(),
+                number: unicode::NUMBER.to_vec(),
+                space: unicode::SPACE.to_vec(),
+                folds: unicode::FOLDS.iter().map(|(l, s)| (*l, s.to_vec())).collect(),
+            }
+        }
+
+        /// `unicode.rs` holding these tables.
+        fn to_source(&self) -> String {
+            let ranges = |name: &str, what: &str, r: &[(u32, u32)]| {
+                let mut s = format!("/// {what}: inclusive code-point ranges.\npub(super) const {name}: &[(u32, u32)] = &[\n");
+                for line in r.chunks(6) {
+                    let items: Vec<String> = line.iter().map(|(lo, hi)| format!("(0x{lo:04X}, 0x{hi:04X})")).collect();
+                    s.push_str(&format!("    {},\n", items.join(", ")));
+                }
+                s + "];\n\n"
+            };
+            let mut s = String::from(
+                "// Generated from the regex engine of the `tokenizers` crate by `classes::derive_tables`\n\
+                 // (UPDATE_UNICODE_CLASSES=1 cargo test -p mflow-data unicode). Do not edit.\n\n",
+            );
+            s += &ranges("LETTER", r"`\p{L}`", &self.letter);
+            s += &ranges("NUMBER", r"`\p{N}`", &self.number);
+            s += &ranges("SPACE", r"`\s`", &self.space);
+            s += "/// Each contraction letter and the characters `(?i:letter)` matches.\npub(super) const FOLDS: &[(char, &[char])] = &[\n";
+            for (l, set) in &self.folds {
+                let chars: Vec<String> = set.iter().map(|c| format!("'\\u{{{:x}}}'", *c as u32)).collect();
+                s += &format!("    ('{l}', &[{}]),\n", chars.join(", "));
+            }
+            s + "];\n"
+        }
+    }
 
     /// The shipped tables are the engine's; with UPDATE_UNICODE_CLASSES=1 they are rewritten.
     #[test]

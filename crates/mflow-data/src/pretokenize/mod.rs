@@ -18,7 +18,6 @@ use serde_json::Value;
 use tokenizers::utils::SysRegex;
 use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, Tokenizer};
 
-pub use classes::{derive_tables, DerivedTables};
 use scan::{Scanner, GPT2};
 
 /// Text the splitter must cut and map exactly as the crate's pre-tokenizer does.

@@ -122,7 +122,7 @@ impl Scanner {
                 return self.run(t, i + 1 + next_len, next);
             }
         }
-        self.trailing_space(t, i)
+        self.space_run(t, i).trailing(t.len(), i)
     }
 
     /// End of the Llama-3 pre-token that starts at `i`.
@@ -195,29 +195,15 @@ impl Scanner {
         pair.then_some(i + len + len2)
     }
 
-    /// `\s+(?!\S)|\s+` at `i`, a white-space character.
-    #[inline(always)]
-    fn trailing_space(&self, t: &[u8], i: usize) -> usize {
-        self.space_run(t, i).trailing(t.len(), i)
-    }
-
     /// End of the run of `class` characters from `i`.
     #[inline(always)]
     fn run(&self, t: &[u8], mut i: usize, class: u8) -> usize {
         while i < t.len() {
-            let b = t[i];
-            if b < 0x80 {
-                if self.classes.ascii(b) != class {
-                    break;
-                }
-                i += 1;
-            } else {
-                let (cp, len) = decode(t, i);
-                if self.classes.of(cp) != class {
-                    break;
-                }
-                i += len;
+            let (here, len) = self.classes.at(t, i);
+            if here != class {
+                break;
             }
+            i += len;
         }
         i
     }
