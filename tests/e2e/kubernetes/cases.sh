@@ -916,3 +916,10 @@ EOF
   contains "$(last)" "the image 127.0.0.1:5999/mflow-e2e/not-there:1 cannot be pulled"
   eq "$(kc get jobs -l "mflow.dev/component=driver,mflow.dev/pipeline=$(pipeline_of outside_images_that_cannot_drive)" -o name | wc -l)" 0 "drivers started"
 }
+
+# Further cases, by subject.
+for cases_file in "$E2E_DIR"/cases-*.sh; do
+  # shellcheck source=/dev/null
+  . "$cases_file"
+done
+unset cases_file
