@@ -2,10 +2,11 @@
 one variant after another in one process (baseline first: the GPU probe's configuration).
 
 python -m torch.distributed.run --nproc-per-node=TP tests/gpu/bench_train.py SHARDS OUT.jsonl [variants]
-A variant is '+'-joined knobs: base, fused_adam, swiglu_fusion, ce_fusion, cudnn_attn,
-cudnn_attn_expand, compile_rope, compile_norm, seq_parallel, mbsN (micro-batch N instead of 4) and accN
-(N micro-batches per step, gradient accumulation; one by default). BENCH_PROFILE=1 profiles two steps of
-each variant after the timed ones and prints where the GPU time goes.
+A variant is '+'-joined knobs: base, default (the engine's default knobs), the engine's knobs (fused_adam, swiglu_fusion, ce_fusion, ce_compiled,
+wgrad_fusion, cuda_graph, cudnn_attn, cudnn_attn_expand, compile_rope, compile_norm, seq_parallel), mbsN
+(micro-batch N instead of 4), accN (N micro-batches per step, gradient accumulation; one by default) and
+prof (profile this variant). BENCH_PROFILE=1 profiles two steps of every variant after the timed ones and
+prints where the GPU time goes.
 """
 
 import json
@@ -31,7 +32,8 @@ def run_variant(ps, shards, knobs):
     mbs = next((int(k[3:]) for k in knobs if k.startswith("mbs")), MBS)
     acc = next((int(k[3:]) for k in knobs if k.startswith("acc")), 1)
     shape = {k for k in knobs if k.startswith(("mbs", "acc"))}
-    knobs = knobs - shape
+    prof = "prof" in knobs or os.environ.get("BENCH_PROFILE") == "1"
+    knobs = knobs - shape - {"prof"}
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -42,6 +44,8 @@ def run_variant(ps, shards, knobs):
     spec = S.spec_of(m)
     if "fused_adam" in knobs:
         ME._enable_fused_adamw()
+    if "wgrad_fusion" in knobs:
+        ME.MF.enable_wgrad_fusion()
     config = ME.transformer_config(spec, tp, 1, "bf16", knobs)
     model = ME.build_model(spec, config, tp, SEQ, "sdpa", knobs)
     ME.load_shard(model, shards, m, ps.get_tensor_model_parallel_rank(), 0)
@@ -51,6 +55,8 @@ def run_variant(ps, shards, knobs):
                                                  use_distributed_optimizer=False, clip_grad=1.0), [ddp])
     config.no_sync_func, config.finalize_model_grads_func, config.grad_scale_func = ddp.no_sync, finalize_model_grads, opt.scale_loss
     fb = get_forward_backward_func()
+    if "cuda_graph" in knobs:
+        fb = ME.MF.full_iteration_graph(fb)
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def data():
@@ -77,7 +83,7 @@ def run_variant(ps, shards, knobs):
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(float(out[0]["lm loss"]))
-    if os.environ.get("BENCH_PROFILE") == "1":
+    if prof:
         profile(step)
     dt = statistics.median(times[WARMUP:])
     world = dist.get_world_size()
@@ -91,8 +97,10 @@ def run_variant(ps, shards, knobs):
            "tokens_per_s": round(tokens / dt), "tflops_per_gpu_mcore019": round(f019 / dt / 1e12 / world, 1),
            "tflops_per_gpu_probe_formula": round(f_probe / dt / 1e12 / world, 1),
            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
-           "first_step_s": round(times[0], 2), "loss_first": round(losses[0], 3), "loss_last": round(losses[-1], 3)}
-    del ddp, opt, model
+           "first_step_s": round(times[0], 2), "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
+    if "cuda_graph" in knobs:
+        ME.MF.reset_full_iteration_graph()
+    del ddp, opt, model, fb
     torch.cuda.empty_cache()
     return res
 
@@ -141,7 +149,9 @@ def main():
     ps.initialize_model_parallel(tensor_model_parallel_size=dist.get_world_size())
     model_parallel_cuda_manual_seed(1234)
     for v in variants:
-        knobs = {k for k in v.split("+") if k != "base"}
+        knobs = {k for k in v.split("+") if k not in ("base", "default")}
+        if "default" in v.split("+"):
+            knobs |= set(ME.DEFAULT_KNOBS.split(","))
         try:
             r = run_variant(ps, shards, knobs)
         except Exception as e:  # noqa: BLE001 - record the failure, go on

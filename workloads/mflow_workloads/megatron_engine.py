@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import data as D
+from . import megatron_fusions as MF
 from . import runtime
 from . import shards as S
 from .config import TrainConfig
@@ -161,7 +162,8 @@ def transformer_config(spec: S.ModelSpec, tp: int, pp: int, precision: str, knob
         hidden_dropout=0.0, attention_dropout=0.0, bf16=precision == "bf16", params_dtype=dtype, pipeline_dtype=dtype,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel="seq_parallel" in knobs and tp > 1,
         persist_layer_norm=False, masked_softmax_fusion=False, apply_rope_fusion=False,
-        gradient_accumulation_fusion=False, bias_activation_fusion="swiglu_fusion" in knobs and spec.gated_linear_unit,
+        gradient_accumulation_fusion="wgrad_fusion" in knobs,
+        bias_activation_fusion="swiglu_fusion" in knobs and spec.gated_linear_unit,
         bias_dropout_fusion=False, cross_entropy_loss_fusion="ce_fusion" in knobs,
         cross_entropy_fusion_impl="native", use_cpu_initialization=False, perform_initialization=False)
 
@@ -193,6 +195,8 @@ def build_model(spec: S.ModelSpec, config, tp: int, seq_length: int, attention: 
         if float(spec.rotary_base).is_integer() else spec.rotary_base,
         rotary_percent=spec.rotary_percent, rope_scaling=spec.rope_scaling,
         rope_scaling_factor=spec.rope_scaling_factor).to(device)
+    if "ce_compiled" in knobs:
+        MF.use_compiled_cross_entropy(model, ps.get_tensor_model_parallel_group())
     if config.bf16:
         # The norms' parameters are created in fp32 (a LayerNorm would then refuse bf16 input);
         # cast everything, as Megatron's Float16Module does. The optimizer keeps fp32 copies.
@@ -466,6 +470,8 @@ def train(cfg: TrainConfig) -> dict:
     knobs = KNOBS if cfg.seq_length % cfg.tp == 0 else KNOBS - {"seq_parallel"}
     if "fused_adam" in knobs:
         _enable_fused_adamw()
+    if "wgrad_fusion" in knobs:
+        MF.enable_wgrad_fusion()
 
     config = transformer_config(spec, cfg.tp, cfg.pp, cfg.precision, knobs)
     model = build_model(spec, config, cfg.tp, cfg.seq_length, cfg.attention, knobs)
@@ -507,6 +513,8 @@ def train(cfg: TrainConfig) -> dict:
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", True))
     data_iter = batches(train_ds, cfg.dp, dp_rank, cfg.global_batch_size, cfg.micro_batch_size, start, pp_rank, cfg.pp)
     fb = get_forward_backward_func()
+    if "cuda_graph" in knobs:
+        fb = MF.full_iteration_graph(fb)
     flops = flops_per_batch(spec, cfg.global_batch_size, cfg.seq_length, spec.padded_vocab_for(cfg.tp))
     last_stage = ps.is_pipeline_last_stage()
     # The loss exists on the last stage only, identical over its tp ranks: the world sum of the
