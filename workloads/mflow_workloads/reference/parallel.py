@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ParallelError
+from . import shm
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Parallel:
     # First and last stage of this rank's pipeline, which both hold the tied embedding.
     embedding_group: object = None
     embedding_ranks: list = field(default_factory=list)
+    # Shared-memory all-reduce of a two-rank tp group on one host (gloo ranks only), else None.
+    tp_shm: object = None
 
     @property
     def world(self) -> int:
@@ -100,12 +103,17 @@ def setup(tp: int, dp: int, pp: int = 1) -> Parallel:
                     p.embedding_ranks = ranks
     if pp == 1:
         p.mp_group = p.tp_group
+    if tp == 2 and dist.get_backend() == "gloo":
+        p.tp_shm = shm.connect(p.tp_group, groups["tp"][rank // tp], rank)
     return p
 
 
-def _all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    x = x.contiguous()
-    dist.all_reduce(x, op=op, group=group)
+def tp_all_reduce(x: torch.Tensor, p: Parallel, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """Sum (or max) of `x` over the tp group, as a new tensor; `x` is left as it is."""
+    if p.tp_shm is not None and p.tp_shm.fits(x):
+        return p.tp_shm.all_reduce(x.contiguous(), op)
+    x = x.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(x, op=op, group=p.tp_group)
     return x
 
 
@@ -113,21 +121,21 @@ class _CopyToTP(torch.autograd.Function):
     """f: identity forward, all-reduce of the gradient backward (input of a column-parallel layer)."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
+    def forward(ctx, x, p):
+        ctx.p = p
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(grad.clone(), ctx.group), None
+        return tp_all_reduce(grad, ctx.p), None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     """g: all-reduce forward, identity backward (output of a row-parallel layer)."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        return _all_reduce(x.clone(), group)
+    def forward(ctx, x, p):
+        return tp_all_reduce(x, p)
 
     @staticmethod
     def backward(ctx, grad):
@@ -150,11 +158,11 @@ class _GatherFromTP(torch.autograd.Function):
 
 
 def copy_to_tp(x: torch.Tensor, p: Parallel) -> torch.Tensor:
-    return x if p.tp == 1 else _CopyToTP.apply(x, p.tp_group)
+    return x if p.tp == 1 else _CopyToTP.apply(x, p)
 
 
 def reduce_from_tp(x: torch.Tensor, p: Parallel) -> torch.Tensor:
-    return x if p.tp == 1 else _ReduceFromTP.apply(x, p.tp_group)
+    return x if p.tp == 1 else _ReduceFromTP.apply(x, p)
 
 
 def gather_from_tp(x: torch.Tensor, p: Parallel) -> torch.Tensor:
@@ -165,11 +173,11 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Cross-entropy over vocab-sharded logits without gathering them (as Megatron does)."""
 
     @staticmethod
-    def forward(ctx, logits, target, vocab_start, group):
+    def forward(ctx, logits, target, vocab_start, p):
         logits = logits.float()
         local_max = logits.max(dim=-1)[0]
-        if group is not None:
-            dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
+        if p is not None:
+            local_max = tp_all_reduce(local_max, p, dist.ReduceOp.MAX)
         shifted = logits - local_max.unsqueeze(-1)
         vocab_local = logits.shape[-1]
         in_range = (target >= vocab_start) & (target < vocab_start + vocab_local)
@@ -177,9 +185,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         predicted = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1) * in_range
         exp = shifted.exp()
         sum_exp = exp.sum(dim=-1)
-        if group is not None:
-            both = torch.stack([predicted, sum_exp])
-            dist.all_reduce(both, group=group)
+        if p is not None:
+            both = tp_all_reduce(torch.stack([predicted, sum_exp]), p)
             predicted, sum_exp = both[0], both[1]
         loss = sum_exp.log() - predicted
         softmax = exp / sum_exp.unsqueeze(-1)
@@ -197,4 +204,4 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, p: Parallel) -> torch.Tensor:
     """Per-token loss [b, s] from local logits [b, s, Vp/tp]."""
     start = p.tp_rank * logits.shape[-1]
-    return _VocabParallelCrossEntropy.apply(logits, target, start, p.tp_group if p.tp > 1 else None)
+    return _VocabParallelCrossEntropy.apply(logits, target, start, p if p.tp > 1 else None)

@@ -28,7 +28,8 @@ from ..schedule import lr_at
 from . import checkpoint as C
 from . import pipeline as PL
 from .model import GPT, build
-from .parallel import Parallel, setup
+from .optim import AdamW
+from .parallel import Parallel, setup, tp_all_reduce
 
 
 class _Terminate:
@@ -49,13 +50,14 @@ def _all_reduce_mean(t: torch.Tensor, group, size: int) -> torch.Tensor:
     return t
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig):
     # As Megatron: no weight decay on biases and norm weights (1-D tensors).
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-8)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # On CUDA torch takes its multi-tensor path, which only torch's class runs.
+    cls = AdamW if all(p.device.type == "cpu" for p in decay + no_decay) else torch.optim.AdamW
+    return cls(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-8)
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float, p: Parallel) -> float:
@@ -71,7 +73,9 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float, p: Parallel) -> floa
             continue
         if getattr(prm, "tensor_model_parallel", False) or p.tp_rank == 0:
             sq += prm.grad.detach().double().pow(2).sum().cpu()
-    if p.tp * p.pp > 1:
+    if p.pp == 1 and p.tp > 1:
+        sq = tp_all_reduce(sq, p)  # the model-parallel group is the tp group
+    elif p.tp * p.pp > 1:
         dist.all_reduce(sq, group=p.mp_group)
     norm = math.sqrt(sq.item())
     if max_norm > 0 and norm > max_norm:
