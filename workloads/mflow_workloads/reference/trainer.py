@@ -234,7 +234,10 @@ def run(cfg: TrainConfig, device: torch.device) -> dict:
             if is_main:
                 metrics.write(iteration=done, val_loss=val, val_ppl=math.exp(min(val, 700)))
         stop = torch.tensor([1.0 if term.flag else 0.0])
-        dist.all_reduce(stop)
+        if p.world == p.tp:  # every rank is in the tp group
+            stop = tp_all_reduce(stop, p)
+        else:
+            dist.all_reduce(stop)
         if done % cfg.save_interval == 0 or done == cfg.iterations or stop.item() > 0:
             C.save(ckroot, done, model, opt, p, {"consumed_samples": done * cfg.global_batch_size,
                                                  "seed": cfg.seed, "lr_step": done})
