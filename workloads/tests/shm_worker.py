@@ -11,11 +11,28 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mflow_workloads.reference import parallel as RP, shm  # noqa: E402
 
 
+def peer_lost(p, rank):
+    """Rank 1 leaves without a word; rank 0's next all-reduce fails as an infra error."""
+    if rank == 1:
+        os._exit(0)
+    import time
+    t = time.monotonic()
+    try:
+        RP.tp_all_reduce(torch.ones(4), p)
+    except shm.PeerLost as e:
+        assert e.cls == "infra" and "exited" in str(e), e
+        print(f"RESULT peer-lost after {time.monotonic() - t:.1f} s", flush=True)
+        os._exit(0)
+    raise AssertionError("the all-reduce returned without a peer")
+
+
 def main():
     dist.init_process_group("gloo")
     p = RP.setup(2, 1)
     assert p.tp_shm is not None, "the shared-memory channel was not set up"
     rank = dist.get_rank()
+    if sys.argv[1:] == ["peer-lost"]:
+        peer_lost(p, rank)
     g = torch.Generator().manual_seed(100 + rank)
     cases = [((8, 128, 256), torch.float32), ((3, 5), torch.float32), ((), torch.float64), ((2, 8, 128), torch.float32),
              ((shm.SLOT_BYTES // 4 + 1,), torch.float32)]  # the last is larger than a slot: gloo

@@ -53,6 +53,11 @@ def test_shared_memory_all_reduce_matches_gloo():
     assert "RESULT ok" in proc.stdout, proc.stdout[-2000:]
 
 
+def test_a_lost_peer_is_an_infra_error():
+    proc = torchrun(2, [os.path.join(HERE, "shm_worker.py"), "peer-lost"])
+    assert "RESULT peer-lost" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
 def test_optimizer_does_not_import_dynamo():
     code = ("import sys, torch; from mflow_workloads.reference.optim import AdamW; "
             "p = torch.nn.Parameter(torch.ones(3)); o = AdamW([{'params': [p], 'weight_decay': 0.1}], lr=1e-3, "
