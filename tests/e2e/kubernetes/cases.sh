@@ -59,6 +59,11 @@ setup_phase() {
     strip "$lean" 2>/dev/null || true
     bash "$E2E_DIR/image.sh" "$E2E_IMAGE" "$lean" >"$STATE_DIR/image.log" 2>&1 || { cat "$STATE_DIR/image.log"; die "cannot build the mflow image"; }
     IMAGE=$E2E_IMAGE CPU_RUNTIME=mflow-cpu-hostnet TORCH_RUNTIME=mflow-torch-hostnet
+    # The images of docker/Dockerfile (targets cpu-train and cpu) with this mflow, built or
+    # reused, and imported: MFLOW_E2E_TRAIN_IMAGE and MFLOW_E2E_CPU_IMAGE name them.
+    local images
+    images=$(bash "$E2E_DIR/images.sh") || die "cannot build the images of docker/Dockerfile (tests/e2e/kubernetes/images.sh)"
+    eval "$(grep -E '^MFLOW_E2E_(TRAIN|CPU)_IMAGE=[a-z0-9./:_-]+$' <<<"$images" | sed 's/^/export /')"
   else
     IMAGE=busybox:1.36 CPU_RUNTIME=mflow-cpu TORCH_RUNTIME=mflow-torch
   fi
