@@ -267,9 +267,8 @@ impl RemoteArgs {
         F: FnOnce(kube::Client, String) -> Fut,
         Fut: std::future::Future<Output = Result<ExitCode, crate::remote::RemoteError>>,
     {
-        let opts = mflow_kube::KubeOptions { namespace: self.cluster.namespace.clone(), context: self.cluster.context.clone(), ..Default::default() };
         runtime()?.block_on(async {
-            let kube = mflow_kube::KubeBackend::connect(opts).await.map_err(|e| Error::usage(e.to_string(), "check KUBECONFIG and the context"))?;
+            let kube = crate::remote::connect(self.cluster.namespace.clone(), self.cluster.context.clone()).await?;
             match f(kube.client().clone(), kube.namespace().to_string()).await {
                 Ok(code) => Ok(code),
                 Err(e) => {
@@ -409,6 +408,9 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
                 return Err(Error::usage("--png is not available for a run in the cluster", "bring the report here without --png; its charts are in the HTML"));
             }
             let (run, out) = (a.run.clone(), a.out.clone());
+            if let Some(o) = &out {
+                user_named(&crate::user_output::Owned::new(&a.workdir), o)?;
+            }
             a.remote.connect_and(|c, ns| async move { crate::remote::records::report(&c, &ns, run.as_deref(), out.as_deref()).await })
         }
         Command::Runs { workdir, .. } => {
@@ -457,6 +459,9 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
         Command::Output { spec, stage, set, download } => {
             let (plan, store) = load_plan(&spec, &set, None)?;
             let i = plan.index(&stage).ok_or_else(|| plan::PlanError::UnknownStage(stage.clone()))?;
+            if let Some(to) = &download {
+                user_named(&crate::user_output::Owned::new(&plan.spec.workdir()).spec(&spec), to)?;
+            }
             if plan.spec.pipeline.backend == "kubernetes" && crate::remote::needed(&plan.spec) {
                 return runtime()?.block_on(crate::remote::output(&plan, &stage, &set, download.as_deref()));
             }
@@ -582,6 +587,11 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
         std::thread::spawn(move || (crate::cache::LogRead::read(&workdir), plan::inputs::KnownInputs::read(&workdir)))
     };
     let mut s = spec::load(&args.spec, &args.set)?;
+    // Refused before anything runs: a report over the spec or into the workdir.
+    let owned = crate::user_output::Owned::new(&s.workdir()).spec(&args.spec);
+    for p in args.junit.iter().chain(&args.report) {
+        user_named(&owned, p)?;
+    }
     crate::backend::choose(&mut s, args.backend.map(BackendChoice::name));
     for f in &args.force {
         if s.stage(f).is_none() {
@@ -615,7 +625,7 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
     let backend = match rt.block_on(crate::backend::Backend::for_plan(&plan)) {
         Ok(b) => b,
         Err(e) => {
-            let code = if e.class() == crate::exec::retry::FailureClass::User { ExitCode::Invalid } else { ExitCode::Infra };
+            let code = crate::exit::for_cluster(&e);
             eprintln!("{:?}", miette::Report::new(e));
             return Ok(code);
         }
@@ -642,12 +652,17 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
             eprintln!("  gate {name}.{} {} : {} -> {}", g.metric, g.condition, g.value.map(|v| format!("{v:.4}")).unwrap_or("missing".into()), if g.passed { "pass" } else { "FAIL" });
         }
     }
-    crate::ci::commands::after_run(&outcome.run_dir, args.junit.as_deref(), args.report.as_deref(), notify.as_ref(), &rt);
+    crate::ci::commands::after_run(&outcome.run_dir, &args.spec, args.junit.as_deref(), args.report.as_deref(), notify.as_ref(), &rt);
     let code = crate::exit::for_run(r);
     // The process ends right after (`_exit`): the record, plan and store of a large run are
     // not freed one allocation at a time first.
     std::mem::forget(outcome);
     Ok(code)
+}
+
+/// A path the user named for mflow to write, refused when it is something mflow keeps.
+fn user_named(owned: &crate::user_output::Owned, path: &Path) -> Result<(), Error> {
+    owned.check(path).map_err(|e| Error::usage(e.to_string(), "name a path outside the workdir and MFLOW_HOME, other than the spec"))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, Error> {
@@ -662,7 +677,7 @@ fn dry_run(plan: &plan::Plan, rt: &tokio::runtime::Runtime) -> Result<ExitCode, 
     let results = match rt.block_on(crate::backend::kubernetes::render::dry_run(plan, &store)) {
         Ok(r) => r,
         Err(e) => {
-            let code = if e.class() == crate::exec::retry::FailureClass::User { ExitCode::Invalid } else { ExitCode::Infra };
+            let code = crate::exit::for_cluster(&e);
             eprintln!("{:?}", miette::Report::new(e));
             return Ok(code);
         }
@@ -732,12 +747,36 @@ pub fn render_plan(decisions: &[plan::StageDecision]) -> String {
     out
 }
 
+/// Most of an attempt log `mflow logs` prints: the end of a larger log, saying so.
+const LOG_SHOWN: u64 = 64 << 20;
+
+/// Prints `path` from `pos` on (at most its last [`LOG_SHOWN`] bytes); returns the new position.
+/// The log is in the run record, where a stage can reach it: it is read as the one reader of
+/// such files does, so a FIFO or a device there is an error, not a hang.
+fn print_log_from(path: &Path, pos: u64) -> Result<u64, Error> {
+    use std::io::Write;
+    let size = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() => m.len(),
+        // A stage that has printed nothing has no log file yet.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(pos),
+        _ => 0,
+    };
+    let mut from = pos;
+    if size > pos + LOG_SHOWN {
+        from = size - LOG_SHOWN;
+        eprintln!("mflow: {} is {size} bytes; showing its last {LOG_SHOWN}", path.display());
+    }
+    let mut out = std::io::stdout().lock();
+    let copied = crate::untrusted::copy_from(path, from, &mut out).map_err(|e| Error::io(path, e))?;
+    out.flush().ok();
+    Ok(from + copied)
+}
+
 fn print_logs(dir: &Path, attempts: usize, follow: bool, workdir: &Path, id: &str, stage: &str) -> Result<(), Error> {
-    use std::io::{Read, Seek, SeekFrom, Write};
     for n in 1..attempts {
         let p = dir.join(format!("attempt-{n}.log"));
         println!("--- attempt {n} ---");
-        print!("{}", std::fs::read_to_string(&p).unwrap_or_default());
+        print_log_from(&p, 0)?;
     }
     let p = dir.join(format!("attempt-{attempts}.log"));
     if attempts > 1 {
@@ -745,26 +784,15 @@ fn print_logs(dir: &Path, attempts: usize, follow: bool, workdir: &Path, id: &st
     }
     let mut pos = 0u64;
     loop {
-        let mut buf = Vec::new();
-        match std::fs::File::open(&p) {
-            Ok(mut f) => {
-                f.seek(SeekFrom::Start(pos)).map_err(|e| Error::io(&p, e))?;
-                f.read_to_end(&mut buf).map_err(|e| Error::io(&p, e))?;
-            }
-            // A stage that has printed nothing has no log file yet.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(&p, e)),
-        }
-        pos += buf.len() as u64;
-        std::io::stdout().write_all(&buf).ok();
-        std::io::stdout().flush().ok();
+        let before = pos;
+        pos = print_log_from(&p, pos)?;
         if !follow {
             return Ok(());
         }
         let r = record::load(workdir, id);
         let s = r.as_ref().and_then(|r| r.stages.get(stage));
         let still = s.is_some_and(|s| s.status == StageStatus::Running && s.attempts.len() == attempts);
-        if !still && buf.is_empty() {
+        if !still && pos == before {
             if let Some(s) = s {
                 if s.attempts.len() > attempts {
                     return print_logs(dir, s.attempts.len(), follow, workdir, id, stage);

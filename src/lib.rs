@@ -17,6 +17,8 @@ pub mod record;
 pub mod remote;
 pub mod spec;
 pub mod stages;
+pub mod untrusted;
+pub mod user_output;
 
 use std::path::Path;
 
@@ -50,6 +52,10 @@ pub enum Error {
     Usage { message: String, help: String },
 }
 
+    /// The cluster could not be reached, or refused before anything ran.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Cluster(#[from] backend::kubernetes::KubernetesError),
 impl Error {
     pub fn io(path: &Path, source: std::io::Error) -> Error {
         Error::Io { path: path.display().to_string(), source }
@@ -64,6 +70,7 @@ impl Error {
             Error::Plan(plan::PlanError::Unavailable { .. }) => exit::ExitCode::Infra,
             Error::Spec(_) | Error::Plan(_) | Error::Usage { .. } => exit::ExitCode::Invalid,
             _ => exit::ExitCode::Internal,
+            Error::Cluster(e) => exit::for_cluster(e),
         }
     }
 }

@@ -185,7 +185,10 @@ async fn run_step(
     if status.success() {
         return Outcome::Success;
     }
-    classify(job, program, status)
+    // The stage's own word, read off the runtime: its status file may be anything.
+    let path = job.status_file.clone();
+    let reported = crate::untrusted::blocking(move || read_status(&path)).await;
+    classify(reported, program, status)
 }
 
 /// A line of mflow's own about the stage, in its log and on the console.
@@ -228,9 +231,9 @@ fn find_program(program: &str, path: Option<&String>) -> std::path::PathBuf {
 
 /// The class a failed process gets: the stage's own word in its status file first, then the
 /// way it ended.
-fn classify(job: &Job, program: &str, status: std::process::ExitStatus) -> Outcome {
+fn classify(reported: Option<(FailureClass, String)>, program: &str, status: std::process::ExitStatus) -> Outcome {
     use std::os::unix::process::ExitStatusExt;
-    if let Some((class, message)) = read_status(&job.status_file) {
+    if let Some((class, message)) = reported {
         return Outcome::Failed { class, message };
     }
     if let Some(sig) = status.signal() {
@@ -247,7 +250,7 @@ fn classify(job: &Job, program: &str, status: std::process::ExitStatus) -> Outco
 
 /// Reads the class a stage reported for itself.
 pub fn read_status(path: &std::path::Path) -> Option<(FailureClass, String)> {
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let v = crate::untrusted::read_json(path, crate::untrusted::SMALL_JSON)?;
     let class = FailureClass::parse(v.get("class")?.as_str()?)?;
     let message = v.get("message").and_then(|m| m.as_str()).unwrap_or("the stage reported a failure").to_string();
     Some((class, message))

@@ -626,14 +626,10 @@ const HASH_WINDOW: usize = 16 << 20;
 /// gigabytes (a whole mapping of one 1 GB file was 1 GB of RSS; a window keeps it at 16 MiB, at
 /// the same speed).
 pub fn hash_file(path: &Path) -> io::Result<String> {
-    use std::os::unix::fs::OpenOptionsExt;
     let mut h = blake3::Hasher::new();
-    // O_NONBLOCK: a FIFO in a file's place is refused below instead of blocking the open.
-    let file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    // A FIFO in a file's place is refused instead of blocking the open.
+    let file = mflow_untrusted::open_regular(path)?;
     let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(files::not_regular(meta.file_type()));
-    }
     if meta.len() < MAP_FROM {
         h.update_reader(&file)?;
         return Ok(h.finalize().to_hex().to_string());

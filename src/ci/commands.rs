@@ -72,6 +72,8 @@ impl CiError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
             CiError::NoRun { .. } | CiError::Condition { .. } | CiError::Schedule { .. } => ExitCode::Invalid,
+            // A path the user named that mflow refuses to write.
+            CiError::Output(crate::user_output::OutputError::Owned { .. } | crate::user_output::OutputError::FileType { .. }) => ExitCode::Invalid,
             _ => ExitCode::Internal,
         }
     }
@@ -92,8 +94,13 @@ fn finish(r: Result<ExitCode, CiError>) -> Result<ExitCode, Error> {
 pub fn report(a: ReportArgs) -> Result<ExitCode, Error> {
     finish((|| -> Result<ExitCode, CiError> {
         let run = RunData::load(&a.workdir, a.run.as_deref())?;
-        let out = a.out.clone().unwrap_or_else(|| run.dir.join("report.html"));
-        let w = super::report::write(&run, &out, a.png.as_deref())?;
+        // A path the user names is the user's; the default is in the run's own record.
+        let owned = crate::user_output::Owned::new(&a.workdir);
+        let out = match &a.out {
+            Some(p) => super::report::Out::User(p, &owned),
+            None => super::report::Out::Record(run.dir.join("report.html")),
+        };
+        let w = super::report::write(&run, out, a.png.as_deref().map(|d| (d, &owned)))?;
         println!("{}", w.html.display());
         for p in w.pngs {
             println!("{}", p.display());
@@ -177,7 +184,8 @@ pub fn schedule(c: ScheduleCommand) -> Result<ExitCode, Error> {
 
 /// After `mflow run`: the JUnit file, the GitHub step summary and the notification. None of
 /// them changes the run's exit code; problems are warnings.
-pub fn after_run(run_dir: &Path, junit: Option<&Path>, report: Option<&Path>, notify: Option<&Map<String, Json>>, rt: &tokio::runtime::Runtime) {
+/// `spec` is the spec that was run: none of these may be written over it or into the workdir.
+pub fn after_run(run_dir: &Path, spec: &Path, junit: Option<&Path>, report: Option<&Path>, notify: Option<&Map<String, Json>>, rt: &tokio::runtime::Runtime) {
     let wanted = junit.is_some() || report.is_some() || notify.is_some() || std::env::var_os("GITHUB_STEP_SUMMARY").is_some_and(|v| !v.is_empty());
     if !wanted {
         return;
@@ -190,23 +198,25 @@ pub fn after_run(run_dir: &Path, junit: Option<&Path>, report: Option<&Path>, no
             return;
         }
     };
+    let owned = crate::user_output::Owned::new(workdir).spec(spec);
     if let Some(path) = junit {
         let write = || -> Result<(), CiError> {
+            owned.check(path)?;
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent).map_err(|e| CiError::write(parent, e))?;
             }
-            crate::record::write_atomic(path, super::junit::render(&run).as_bytes()).map_err(|e| CiError::write(path, e))
+            Ok(crate::user_output::write(path, super::junit::render(&run).as_bytes(), &owned)?)
         };
         if let Err(e) = write() {
             eprintln!("mflow: warning: {:?}", miette::Report::new(e));
         }
     }
     if let Some(path) = report {
-        if let Err(e) = super::report::write(&run, path, None) {
+        if let Err(e) = super::report::write(&run, super::report::Out::User(path, &owned), None) {
             eprintln!("mflow: warning: {:?}", miette::Report::new(e));
         }
     }
-    if let Err(e) = super::summary::append_if_requested(&run) {
+    if let Err(e) = super::summary::append_if_requested(&run, &owned) {
         eprintln!("mflow: warning: GITHUB_STEP_SUMMARY: {:?}", miette::Report::new(e));
     }
     rt.block_on(super::notify::after_run(notify, &run));

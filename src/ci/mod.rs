@@ -41,6 +41,9 @@ pub enum CiError {
     #[error("[schedule]: {message}")]
     #[diagnostic(code(mflow::ci::schedule), help("{help}"))]
     Schedule { message: String, help: String },
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Output(#[from] crate::user_output::OutputError),
     #[error("Kubernetes: {message}")]
     #[diagnostic(code(mflow::ci::kubernetes), help("{help}"))]
     Kube { message: String, help: String },

@@ -31,12 +31,12 @@ pub fn prepare(workdir: &Path, run: &str) -> Result<Result<Prepared, Refusal>, C
     let data = RunData::load(workdir, Some(run))?;
     let lock = data.lock.clone().ok_or_else(|| CiError::DamagedRun { run: data.id.clone(), file: "mflow.lock".into() })?;
     let copy = data.dir.join("spec.toml");
-    let text = std::fs::read_to_string(&copy).map_err(|_| CiError::DamagedRun { run: data.id.clone(), file: "spec.toml".into() })?;
+    let text = crate::untrusted::read_text(&copy, crate::spec::MAX_SPEC_BYTES).map_err(|_| CiError::DamagedRun { run: data.id.clone(), file: "spec.toml".into() })?;
     let digest = blake3::hash(text.as_bytes()).to_hex().to_string();
     if digest != lock.spec_digest {
         return Ok(Err(Refusal(vec![format!("spec: the run's copy {} has digest {} but the lockfile pins {}", copy.display(), short(&digest), short(&lock.spec_digest))])));
     }
-    let overrides: Vec<String> = std::fs::read_to_string(data.dir.join("overrides.txt")).map(|s| s.lines().filter(|l| !l.is_empty()).map(str::to_string).collect()).unwrap_or_default();
+    let overrides: Vec<String> = crate::untrusted::read_text(&data.dir.join("overrides.txt"), crate::spec::MAX_SPEC_BYTES).map(|s| s.lines().filter(|l| !l.is_empty()).map(str::to_string).collect()).unwrap_or_default();
     if overrides != lock.overrides {
         return Ok(Err(Refusal(vec![format!("overrides: overrides.txt says {:?} but the lockfile pins {:?}", overrides, lock.overrides)])));
     }

@@ -92,14 +92,18 @@ fn flatten(prefix: &str, v: &Json, out: &mut BTreeMap<String, f64>) {
 }
 
 fn read_series(path: &Path) -> Vec<Json> {
-    let Ok(text) = std::fs::read_to_string(path) else { return vec![] };
-    text.lines().filter_map(|l| serde_json::from_str::<Json>(l).ok()).filter(Json::is_object).take(MAX_METRIC_LINES).collect()
+    use std::io::{BufRead, Read};
+    // Written by the stage: opened as the one reader of such files does, and read line by line
+    // up to a cap rather than whole.
+    let Ok(f) = mflow_untrusted::open_regular(path) else { return vec![] };
+    let lines = std::io::BufReader::new(f.take(crate::untrusted::METRICS_LOG)).split(b'\n').map_while(Result::ok);
+    lines.filter_map(|l| serde_json::from_slice::<Json>(&l).ok()).filter(Json::is_object).take(MAX_METRIC_LINES).collect()
 }
 
 /// The last `n` lines of a file, with at most `max_bytes` read from its end.
 pub fn tail(path: &Path, n: usize, max_bytes: u64) -> String {
     use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
+    let Ok(mut f) = mflow_untrusted::open_regular(path) else { return String::new() };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let start = len.saturating_sub(max_bytes);
     if f.seek(SeekFrom::Start(start)).is_err() {

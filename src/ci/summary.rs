@@ -1,7 +1,5 @@
 //! The Markdown summary of a run, appended to `$GITHUB_STEP_SUMMARY` when GitHub Actions sets it.
 
-use std::io::Write;
-
 use serde_json::Value as Json;
 
 use super::run_data::{human_duration, stage_duration, status_word, RunData};
@@ -44,11 +42,10 @@ pub fn render(run: &RunData) -> String {
 }
 
 /// Appends the summary when `GITHUB_STEP_SUMMARY` names a file; does nothing otherwise.
-pub fn append_if_requested(run: &RunData) -> Result<(), CiError> {
+/// The file is the user's (or the CI runner's): appended to as any user-named output is written.
+pub fn append_if_requested(run: &RunData, owned: &crate::user_output::Owned) -> Result<(), CiError> {
     let Some(path) = std::env::var_os("GITHUB_STEP_SUMMARY").filter(|p| !p.is_empty()) else { return Ok(()) };
-    let path = std::path::PathBuf::from(path);
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| CiError::write(&path, e))?;
-    f.write_all(render(run).as_bytes()).map_err(|e| CiError::write(&path, e))
+    Ok(crate::user_output::append(std::path::Path::new(&path), render(run).as_bytes(), owned)?)
 }
 
 /// Top-level numbers first, then numbers one level down (`valid.loss`), at most MAX_METRICS.

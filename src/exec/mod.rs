@@ -56,7 +56,8 @@ pub struct RunOutcome {
 
 /// Newest checkpoint iteration a failed attempt of `key` left behind, if any.
 pub fn resume_point(workdir: &Path, key: &str) -> Option<u64> {
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(scratch_dir(workdir, key).join("progress.json")).ok()?).ok()?;
+    // The stage's scratch directory is its own: the note may be anything by now.
+    let v = crate::untrusted::read_json(&scratch_dir(workdir, key).join("progress.json"), crate::untrusted::SMALL_JSON)?;
     v.get("checkpoint_iteration")?.as_u64()
 }
 
@@ -98,7 +99,7 @@ impl Shared {
 /// Runs the plan on the spec's backend, connecting to it first.
 pub async fn run(mut plan: Plan, env: Environment, opts: Options) -> Result<RunOutcome, crate::Error> {
     crate::backend::choose(&mut plan.spec, None);
-    let backend = crate::backend::Backend::for_plan(&plan).await.map_err(|e| crate::Error::usage(e.to_string(), e.explain()))?;
+    let backend = crate::backend::Backend::for_plan(&plan).await?;
     let store = Store::open(&plan.spec.workdir())?;
     run_on(plan, store, env, opts, backend).await
 }

@@ -13,6 +13,7 @@ use crate::backend::{Cancel, Job, Outcome};
 use crate::cache::Lookup;
 use crate::record::{self, Attempt, StageStatus};
 use crate::stages::{build_job, JobContext};
+use crate::untrusted::{PROGRESS_PIECE, RESULT_JSON, SMALL_JSON};
 
 pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String, upstream: BTreeMap<String, PathBuf>, grant: &Grant, forced: bool) -> StageEnd {
     let sh = &*arc;
@@ -66,7 +67,10 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
     let mut attempt = 0u32;
     loop {
         attempt += 1;
-        let before = super::resume_point(&workdir, &key);
+        let before = {
+            let (workdir, key) = (workdir.clone(), key.clone());
+            crate::untrusted::blocking(move || super::resume_point(&workdir, &key)).await
+        };
         let staging = match sh.store.stage(&key, &sh.run_id) {
             Ok(s) => s,
             Err(e) => return fail(sh, &name, FailureClass::Infra, e.to_string()).await,
@@ -138,8 +142,11 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
         let watcher = tokio::spawn(watch_progress(progress_file.clone(), name.clone(), arc.clone()));
         let mut outcome = sh.backend.run(&job, sh.lines.clone(), sh.cancel.clone()).await;
         watcher.abort();
-        let reported = read_json(&status_file);
-        keep_reports(&reports, &stage_dir, attempt);
+        let reported = read_json(&status_file, SMALL_JSON).await;
+        {
+            let (reports, stage_dir) = (reports.clone(), stage_dir.clone());
+            crate::untrusted::blocking(move || keep_reports(&reports, &stage_dir, attempt)).await;
+        }
         let after = reported.as_ref().and_then(|v| v.get("checkpoint_iteration")).and_then(Json::as_u64).or(before);
         let resumed_from = reported.as_ref().and_then(|v| v.get("resumed_from")).and_then(Json::as_u64);
         if let Some(a) = after {
@@ -150,8 +157,8 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
         if outcome == Outcome::Success && !out.is_dir() {
             outcome = Outcome::Failed { class: FailureClass::User, message: "the stage succeeded but wrote no output directory".into() };
         }
-        let metrics = read_json(&out.join("metrics.json"));
-        let verification = read_json(&out.join("verification.json"));
+        let metrics = read_json(&out.join("metrics.json"), RESULT_JSON).await;
+        let verification = read_json(&out.join("verification.json"), RESULT_JSON).await;
         let (outcome_str, message) = match &outcome {
             Outcome::Success => ("success".to_string(), None),
             Outcome::Failed { class, message } => (class.to_string(), Some(message.clone())),
@@ -275,16 +282,24 @@ fn report_path(reports: &std::path::Path, name: &str) -> PathBuf {
 /// Moves the files the stage wrote about itself from next to its staging directory to the run record:
 /// `attempt-N.status.json`, `attempt-N.progress.jsonl`, and `metrics.jsonl` (appended to across
 /// attempts).
+/// Only regular files are kept: a FIFO, a device or a link in a report's place is removed, so
+/// that nothing reading the record later meets it.
 fn keep_reports(reports: &std::path::Path, stage_dir: &std::path::Path, attempt: u32) {
     for name in REPORTS {
         let from = report_path(reports, name);
-        if !from.exists() {
-            continue;
+        match std::fs::symlink_metadata(&from) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => {
+                let _ = std::fs::remove_file(&from);
+                continue;
+            }
+            Err(_) => continue,
         }
         let _ = std::fs::create_dir_all(stage_dir);
         let to = if name == METRICS { stage_dir.join(name) } else { stage_dir.join(format!("attempt-{attempt}.{name}")) };
         if name == METRICS && to.exists() {
-            let appended = std::fs::read(&from).and_then(|b| std::io::Write::write_all(&mut std::fs::OpenOptions::new().append(true).open(&to)?, &b));
+            let to = mflow_untrusted::open_with(&to, std::fs::OpenOptions::new().append(true), mflow_untrusted::Links::Refuse);
+            let appended = to.and_then(|mut f| crate::untrusted::copy_from(&from, 0, &mut f));
             if appended.is_ok() {
                 let _ = std::fs::remove_file(&from);
             }
@@ -302,7 +317,7 @@ pub(super) async fn check_gates(sh: &Shared, i: usize, output: &std::path::Path)
     if gates.is_empty() {
         return None;
     }
-    let metrics = read_json(&output.join("metrics.json")).unwrap_or(Json::Null);
+    let metrics = read_json(&output.join("metrics.json"), RESULT_JSON).await.unwrap_or(Json::Null);
     let results = crate::exec::gates::evaluate(gates, &metrics);
     let failed: Vec<String> = results
         .iter()
@@ -331,8 +346,9 @@ async fn fail(sh: &Shared, name: &str, class: FailureClass, message: String) -> 
     StageEnd::Failed { class, message }
 }
 
-fn read_json(path: &std::path::Path) -> Option<Json> {
-    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+/// A file the stage wrote about itself, read off the runtime (`crate::untrusted`).
+async fn read_json(path: &std::path::Path, cap: u64) -> Option<Json> {
+    crate::untrusted::read_json_async(path.to_path_buf(), cap).await
 }
 
 
@@ -342,13 +358,21 @@ async fn watch_progress(path: PathBuf, stage: String, sh: std::sync::Arc<Shared>
     let mut offset = 0u64;
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let Ok(bytes) = std::fs::read(&path) else { continue };
-        if (bytes.len() as u64) <= offset {
+        // Only what was appended since the last look, a bounded piece at a time.
+        let p = path.clone();
+        let Ok((new, size)) = crate::untrusted::blocking(move || crate::untrusted::read_from(&p, offset, PROGRESS_PIECE)).await else { continue };
+        if new.is_empty() {
             continue;
         }
-        let new = &bytes[offset as usize..];
         let end = new.iter().rposition(|&b| b == b'\n').map(|p| p + 1).unwrap_or(0);
+        // A piece without a line end, as large as a piece can be, is skipped rather than waited on.
+        let end = if end == 0 && new.len() as u64 == PROGRESS_PIECE { new.len() } else { end };
         offset += end as u64;
+        if offset < size.saturating_sub(PROGRESS_PIECE) {
+            // Far behind: only the newest events matter to the display.
+            offset = size - PROGRESS_PIECE;
+            continue;
+        }
         if let Some(ev) = std::str::from_utf8(&new[..end]).ok().and_then(|s| s.lines().rev().find_map(mflow_progress::Event::parse)) {
             sh.display.lock().unwrap().progress(&stage, &ev, t0.elapsed());
         }

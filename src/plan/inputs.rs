@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::cache::{FileStat, OpenDir};
+use mflow_untrusted::walk::WalkError;
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum InputError {
@@ -25,6 +26,15 @@ pub enum InputError {
         help("copy the file into the project, or give its absolute path in `inputs` if the stage is meant to read it there")
     )]
     LinkEscapes { stage: String, link: PathBuf, target: PathBuf, root: PathBuf },
+    #[error("stage `{stage}`: input `{}` is a symbolic link to {}, outside {}, the directory the input names", link.display(), target.display(), dir.display())]
+    #[diagnostic(code(mflow::plan::input_link_escapes), help("name the files the stage reads themselves, or copy them into {}", dir.display()))]
+    LinkLeaves { stage: String, link: PathBuf, target: PathBuf, dir: PathBuf },
+    #[error("stage `{stage}`: input directory `{}` leads back into itself through a symbolic link", path.display())]
+    #[diagnostic(code(mflow::plan::input_cycle), help("remove the link, or name the files below it in `inputs`"))]
+    Cycle { stage: String, path: PathBuf },
+    #[error("stage `{stage}`: input `{pattern}` {what}")]
+    #[diagnostic(code(mflow::plan::input_too_large), help("name fewer files: a narrower path or glob, or an archive of the directory"))]
+    TooLarge { stage: String, pattern: String, what: String },
     #[error("stage `{stage}`: invalid input pattern `{pattern}`: {reason}")]
     #[diagnostic(code(mflow::plan::input_pattern))]
     Pattern { stage: String, pattern: String, reason: String },
@@ -62,6 +72,22 @@ pub struct InputHasher {
     /// 5,000 stages mostly share one or two directories, and resolving one per stage was 4
     /// failing readlinks each (`canonicalize` walks every component).
     parents: Mutex<HashMap<PathBuf, Option<PathBuf>>>,
+}
+
+/// How deep an input may be walked (`mflow_untrusted::walk::LIMITS`).
+pub const MAX_WALK_DEPTH: usize = mflow_untrusted::walk::LIMITS.depth;
+/// How many paths one input pattern may match or walk.
+pub const MAX_WALK_ENTRIES: usize = mflow_untrusted::walk::LIMITS.entries;
+
+/// The walk of a directory input: links followed, a cycle and a tree past the bounds refused.
+fn walk<E>(start: &Path, stat: &dyn Fn(&Path) -> Option<FileStat>, visit: &mut dyn FnMut(&Path, &FileStat, bool) -> Result<bool, E>) -> Result<(), WalkError<E>> {
+    mflow_untrusted::walk::walk(start, mflow_untrusted::walk::LIMITS, stat, visit)
+}
+
+impl mflow_untrusted::walk::Stat for FileStat {
+    fn node(&self) -> mflow_untrusted::walk::Node {
+        mflow_untrusted::walk::Node { dev: self.dev, ino: self.ino, is_dir: self.is_dir }
+    }
 }
 
 /// The digest a plan made where the volume is not mounted gives an input on it.
@@ -116,23 +142,45 @@ impl InputHasher {
             let full = base.join(p);
             // An absolute path outside the project is the user's choice, links on the way included.
             let explicit = p.is_absolute() && escapes(&full, root);
+            let is_glob = pattern.contains(['*', '?', '[']);
+            // What a glob's matches may lead to: the directory it names before its first
+            // wildcard, as a link in that directory named by itself may.
+            let glob_scope = if explicit && is_glob { std::fs::canonicalize(literal_prefix(&full)).ok() } else { None };
             let mut links = Links { stage, base, root, parents: &self.parents, scope: None };
             let mut files = Vec::new();
             let mut add = |entry: &Path, links: &mut Links| -> Result<(), InputError> {
                 let known = if explicit {
-                    links.scope = std::fs::canonicalize(entry).ok();
+                    let real = std::fs::canonicalize(entry).ok();
+                    if let (Some(scope), Some(real)) = (&glob_scope, &real) {
+                        if !real.starts_with(scope) {
+                            return Err(InputError::LinkLeaves { stage: stage.into(), link: entry.to_path_buf(), target: real.clone(), dir: scope.clone() });
+                        }
+                    }
+                    links.scope = glob_scope.clone().or(real);
                     None
                 } else {
                     links.check_top(entry, self.lstat(entry))?
                 };
                 let meta = known.or_else(|| self.stat(entry));
-                self.collect_stat(entry, meta, links, &mut files)
+                self.collect_stat(entry, meta, links, &mut files).map_err(|e| e.for_pattern(pattern))
             };
-            if pattern.contains(['*', '?', '[']) {
-                let paths = glob::glob(&full.to_string_lossy())
-                    .map_err(|e| InputError::Pattern { stage: stage.into(), pattern: pattern.clone(), reason: e.to_string() })?;
-                for entry in paths.flatten() {
-                    add(&entry, &mut links)?;
+            if is_glob {
+                let bad = |e: glob::PatternError| InputError::Pattern { stage: stage.into(), pattern: pattern.clone(), reason: e.to_string() };
+                if pattern.contains("**") {
+                    // The glob crate follows links below `**` without end; this walk stops at
+                    // a cycle and at the walk's bounds.
+                    links.scope = glob_scope.clone();
+                    for entry in self.glob_recursive(stage, &full, glob::Pattern::new(&full.to_string_lossy()).map_err(bad)?, &links).map_err(|e| e.for_pattern(pattern))? {
+                        add(&entry, &mut links)?;
+                    }
+                } else {
+                    // One directory listed per component: as bounded as the pattern is long.
+                    for (n, entry) in glob::glob(&full.to_string_lossy()).map_err(bad)?.flatten().enumerate() {
+                        if n >= MAX_WALK_ENTRIES {
+                            return Err(InputError::TooLarge { stage: stage.into(), pattern: pattern.clone(), what: format!("matches more than {MAX_WALK_ENTRIES} paths") });
+                        }
+                        add(&entry, &mut links)?;
+                    }
                 }
             } else {
                 // A plain path: no glob walk over its ancestors.
@@ -181,28 +229,59 @@ impl InputHasher {
     }
 
     /// The files at `path` (the file itself, or every file below a directory), with their stats.
-    /// A link met in a directory is checked by `links` before it is followed.
-    fn collect(&self, path: &Path, links: &Links, out: &mut Vec<(PathBuf, FileStat)>) -> Result<(), InputError> {
-        self.collect_stat(path, self.stat(path), links, out)
+    /// A link met in a directory is checked by `links` before it is followed. `meta` is the
+    /// stat of `path`, links followed.
+    fn collect_stat(&self, path: &Path, meta: Option<FileStat>, links: &Links, out: &mut Vec<(PathBuf, FileStat)>) -> Result<(), InputError> {
+        match meta {
+            Some(m) if m.is_dir => {}
+            Some(m) if m.is_file => {
+                out.push((path.to_path_buf(), m));
+                return Ok(());
+            }
+            _ => return Ok(()),
+        }
+        // The walk every input shares: a cycle of links, or a tree past its bounds, is an error.
+        let mut visit = |p: &Path, m: &FileStat, is_link: bool| -> Result<bool, InputError> {
+            if is_link {
+                links.check_link(p)?;
+            }
+            if m.is_file {
+                out.push((p.to_path_buf(), *m));
+            }
+            Ok(m.is_dir)
+        };
+        walk(path, &|p| self.stat(p), &mut visit).map_err(|e| self.walk_error(links.stage, e))
     }
 
-    /// [`Self::collect`] with the stat of `path` already taken.
-    fn collect_stat(&self, path: &Path, meta: Option<FileStat>, links: &Links, out: &mut Vec<(PathBuf, FileStat)>) -> Result<(), InputError> {
-        let Some(meta) = meta else { return Ok(()) };
-        if meta.is_dir {
-            let mut entries: Vec<(PathBuf, bool)> =
-                std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| (e.path(), e.file_type().is_ok_and(|t| t.is_symlink()))).collect();
-            entries.sort();
-            for (e, is_link) in entries {
-                if is_link {
-                    links.check_link(&e)?;
-                }
-                self.collect(&e, links, out)?;
-            }
-        } else if meta.is_file {
-            out.push((path.to_path_buf(), meta));
+    fn walk_error(&self, stage: &str, e: WalkError<InputError>) -> InputError {
+        let stage = stage.to_string();
+        match e {
+            WalkError::Cycle { path } => InputError::Cycle { stage, path: path.strip_prefix(&self.base).map(Path::to_path_buf).unwrap_or(path) },
+            WalkError::Visit(e) => e,
+            other => InputError::TooLarge { stage, pattern: String::new(), what: other.to_string() },
         }
-        Ok(())
+    }
+
+    /// The paths below the literal directory of `full` (a pattern with `**`) that `pattern`
+    /// matches, as `glob::glob` finds them (`*` within a component, `**` across them), walked
+    /// once as inputs are walked; a link to a directory is checked by `links` before the walk
+    /// enters it.
+    fn glob_recursive(&self, stage: &str, full: &Path, pattern: glob::Pattern, links: &Links) -> Result<Vec<PathBuf>, InputError> {
+        let opts = glob::MatchOptions { case_sensitive: true, require_literal_separator: true, require_literal_leading_dot: false };
+        let start = literal_prefix(full);
+        let mut out = Vec::new();
+        let mut visit = |p: &Path, m: &FileStat, is_link: bool| -> Result<bool, InputError> {
+            if pattern.matches_path_with(p, opts) {
+                out.push(p.to_path_buf());
+            }
+            if is_link && m.is_dir {
+                links.check_link(p)?;
+            }
+            Ok(m.is_dir)
+        };
+        walk(&start, &|p| self.stat(p), &mut visit).map_err(|e| self.walk_error(stage, e))?;
+        out.sort();
+        Ok(out)
     }
 
     /// Stats `path` itself (a link is not followed) from the open base directory, when it lies
@@ -291,6 +370,21 @@ impl Links<'_> {
     }
 }
 
+impl InputError {
+    /// Names the pattern in an error raised below it, where the pattern was not known.
+    fn for_pattern(self, p: &str) -> InputError {
+        match self {
+            InputError::TooLarge { stage, pattern, what } if pattern.is_empty() => InputError::TooLarge { stage, pattern: p.to_string(), what },
+            other => other,
+        }
+    }
+}
+
+/// The components of a glob before the first that holds a wildcard: the directory it names.
+fn literal_prefix(pattern: &Path) -> PathBuf {
+    pattern.components().take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '['])).collect()
+}
+
 /// Whether `path` (lexically normalised) is outside `root`.
 pub fn escapes(path: &Path, root: &Path) -> bool {
     let norm = |p: &Path| {
@@ -310,7 +404,7 @@ pub fn escapes(path: &Path, root: &Path) -> bool {
     !norm(&abs(path)).starts_with(&norm(&abs(root)))
 }
 
-/// The project directory: the enclosing git work tree, else the spec's directory. A project
+/// The project directory: the enclosing git work tree (a `.git` that is a repository), else the spec's directory. A project
 /// uploaded to the artifact volume has no `.git`; its driver names the root in
 /// `MFLOW_PROJECT_ROOT`.
 pub fn project_root(spec_dir: &Path) -> PathBuf {
@@ -320,12 +414,7 @@ pub fn project_root(spec_dir: &Path) -> PathBuf {
             return root;
         }
     }
-    let mut cur = Some(abs.as_path());
-    while let Some(d) = cur {
-        if d.join(".git").exists() {
-            return d.to_path_buf();
-        }
-        cur = d.parent();
-    }
-    abs
+    // Only a `.git` that is a repository marks the root: an empty one in a parent directory
+    // must not widen the project to that parent.
+    mflow_untrusted::git::work_tree(&abs).map(|(root, _)| root).unwrap_or(abs)
 }

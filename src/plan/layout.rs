@@ -127,14 +127,7 @@ fn model_stage_shape(spec: &Spec, st: &StageSpec) -> Option<(ModelShape, String)
 /// A `path:` model's config.json, read when it is small enough to be one. Anything unreadable
 /// is left to the stage, which says what is wrong with it.
 fn read_config(file: &Path) -> Option<ModelShape> {
-    use std::io::Read;
-    let f = std::fs::File::open(file).ok()?;
-    if f.metadata().ok()?.len() > CONFIG_LIMIT {
-        return None;
-    }
-    let mut text = String::new();
-    f.take(CONFIG_LIMIT).read_to_string(&mut text).ok()?;
-    let config: Json = serde_json::from_str(&text).ok()?;
+    let config = crate::untrusted::read_json(file, CONFIG_LIMIT)?;
     mflow_ckpt::shape::from_hf_config(&file.display().to_string(), &config).ok()
 }
 

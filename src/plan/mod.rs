@@ -114,7 +114,7 @@ fn build_inner(mut spec: Spec, env: &Environment, known: Option<inputs::KnownInp
     let digest = |&i: &usize| {
         let st = &stage_specs[i];
         let mut patterns = st.inputs.clone();
-        patterns.extend(crate::stages::external_inputs(st));
+        patterns.extend(crate::stages::external_inputs(st, &spec.dir));
         hasher.digest(&st.name, &root, &patterns)
     };
     let (params, inputs) = std::thread::scope(|s| {

@@ -272,26 +272,10 @@ fn load_keys(dir: &Path) -> BTreeMap<String, KeyParts> {
     crate::cache::read_regular(&dir.join("keys.json"), crate::cache::MAX_STATE_BYTES).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
 }
 
-/// The commit of the git repository holding `dir`, if any (read from .git without running git).
+/// The commit of the git repository holding `dir`, if any (read from .git without running git;
+/// only a commit id ever comes out: `mflow_untrusted::git`).
 pub fn git_commit(dir: &Path) -> Option<String> {
-    let mut cur = Some(dir);
-    while let Some(d) = cur {
-        let git = d.join(".git");
-        if git.is_dir() {
-            let head = std::fs::read_to_string(git.join("HEAD")).ok()?;
-            let head = head.trim();
-            if let Some(r) = head.strip_prefix("ref: ") {
-                if let Ok(s) = std::fs::read_to_string(git.join(r)) {
-                    return Some(s.trim().to_string());
-                }
-                let packed = std::fs::read_to_string(git.join("packed-refs")).ok()?;
-                return packed.lines().find(|l| l.ends_with(r)).and_then(|l| l.split_whitespace().next()).map(str::to_string);
-            }
-            return Some(head.to_string());
-        }
-        cur = d.parent();
-    }
-    None
+    crate::untrusted::git::commit_of(dir)
 }
 
 #[cfg(test)]

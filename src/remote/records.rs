@@ -52,7 +52,7 @@ pub async fn drivers(client: &kube::Client, namespace: &str) -> Result<Vec<Drive
     let listed = jobs
         .list(&ListParams::default().labels("mflow.dev/component=driver"))
         .await
-        .map_err(|e| RemoteError::Kube { what: "list the drivers".into(), message: mflow_kube::describe(&e) })?;
+        .map_err(|e| RemoteError::call("list the drivers", &e))?;
     let mut out: Vec<Driver> = listed.items.iter().filter_map(driver_of).collect();
     out.sort_by(|a, b| (a.created, &a.run).cmp(&(b.created, &b.run)));
     Ok(out)
@@ -271,7 +271,9 @@ pub async fn report(client: &kube::Client, namespace: &str, run: Option<&str>, o
         Ok(o) => Err(RemoteError::Receive { message: format!("`mflow report` in the volume pod failed: {}", o.stderr) }),
         Err(e) => Err(e),
     };
-    if let Err(e) = done.and_then(|()| std::fs::rename(&staged, &out).map_err(|e| RemoteError::Stream { message: format!("cannot write {}: {e}", out.display()) })) {
+    let owned = crate::user_output::Owned::new(Path::new(".mflow"));
+    let placed = |()| crate::user_output::place(&staged, &out, &owned).map_err(|e| RemoteError::Stream { message: format!("{e}: {}", std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default()) });
+    if let Err(e) = done.and_then(placed) {
         let _ = std::fs::remove_file(&staged);
         return Err(e);
     }

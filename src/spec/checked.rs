@@ -38,12 +38,8 @@ fn location(dir: &Path, path: &Path) -> PathBuf {
 
 /// The stored checked form, when it exists and was stored under `key`. `source` is left empty.
 pub(super) fn read(dir: &Path, path: &Path, key: &str) -> Option<Spec> {
-    let file = location(dir, path);
-    let meta = std::fs::metadata(&file).ok()?;
-    if meta.len() > MAX_BYTES {
-        return None;
-    }
-    decode(&std::fs::read(&file).ok()?, key)
+    // MFLOW_HOME may be shared or damaged: a FIFO or a huge file there means a parse.
+    decode(&crate::untrusted::read_bounded(&location(dir, path), MAX_BYTES).ok()?, key)
 }
 
 /// Stores the checked form. Failing to store it only costs the next run a parse.

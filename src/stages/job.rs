@@ -88,12 +88,49 @@ pub fn python_env(env: &Environment) -> Result<BTreeMap<String, String>, crate::
     Ok(BTreeMap::from([("PYTHONPATH".to_string(), path), ("PYTHONUNBUFFERED".to_string(), "1".to_string())]))
 }
 
-/// Files outside the DAG that a kind reads, relative to the spec.
-pub fn external_inputs(st: &StageSpec) -> Vec<String> {
+/// Files outside the DAG that a kind reads, relative to the spec (`spec_dir`), as input
+/// patterns: every parameter that names a path rather than an upstream output (whose digest
+/// is in the key already). They enter the key and are held to the project as `inputs` are.
+pub fn external_inputs(st: &StageSpec, spec_dir: &Path) -> Vec<String> {
+    // A value holding `${stages.X.output}` is an upstream output, or a file in one.
+    let path = |key: &str| st.params.get(key).and_then(Json::as_str).filter(|s| !s.is_empty() && !has_stage_ref(s)).map(str::to_string);
+    let mut out = Vec::new();
     match st.kind {
-        Kind::Model => st.params.get("source").and_then(Json::as_str).and_then(|s| s.strip_prefix("path:")).map(|d| vec![d.to_string()]).unwrap_or_default(),
-        _ => Vec::new(),
+        Kind::Command => {}
+        Kind::Model => out.extend(path("source").and_then(|s| s.strip_prefix("path:").map(str::to_string))),
+        Kind::Dataset => out.extend(path("tokenizer").filter(|t| t != "byte-level").map(|t| tokenizer_files(&t, spec_dir)).unwrap_or_default()),
+        Kind::Convert | Kind::Export => out.extend(path("model")),
+        Kind::Train | Kind::Evaluate => out.extend(["model", "data"].into_iter().filter_map(path)),
     }
+    // Literal paths: a `[` or `*` in a file name is not a pattern.
+    out.iter().map(|p| glob::Pattern::escape(p)).collect()
+}
+
+fn has_stage_ref(s: &str) -> bool {
+    crate::spec::pieces(s).map_or(true, |p| p.iter().any(|p| matches!(p, crate::spec::Piece::StageOutput(_))))
+}
+
+/// Files beside a tokenizer that decide what it does: `tokenizer_config.json` names the
+/// end-of-document token, `special_tokens_map.json` the special tokens.
+const TOKENIZER_COMPANIONS: [&str; 2] = ["tokenizer_config.json", "special_tokens_map.json"];
+
+/// The files a tokenizer given as a path is read from: tokenizer.json (the path itself, or in
+/// the directory it names) and the companions beside it that exist.
+fn tokenizer_files(tok: &str, spec_dir: &Path) -> Vec<String> {
+    let dir_named = std::fs::metadata(spec_dir.join(tok)).is_ok_and(|m| m.is_dir());
+    let (dir, main) = if dir_named {
+        (Path::new(tok).to_path_buf(), Path::new(tok).join("tokenizer.json"))
+    } else {
+        (Path::new(tok).parent().map(Path::to_path_buf).unwrap_or_default(), PathBuf::from(tok))
+    };
+    let mut files = vec![main.to_string_lossy().to_string()];
+    for name in TOKENIZER_COMPANIONS {
+        let f = dir.join(name);
+        if std::fs::symlink_metadata(spec_dir.join(&f)).is_ok() {
+            files.push(f.to_string_lossy().to_string());
+        }
+    }
+    files
 }
 
 /// Digest of the code a kind runs: the embedded workloads for Python kinds, mflow itself for

@@ -6,17 +6,15 @@
 //! into an output), whole-file reads are bounded, and error messages quote at most a short
 //! excerpt of anything read from a file.
 //!
-//! This module depends on nothing else in the crate, so the fuzz targets can compile it alone.
+//! The reading itself is the workspace's one reader of files someone else wrote
+//! (`mflow_untrusted`); this module gives its refusals this crate's error type.
 
 use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use miette::Diagnostic;
+use mflow_untrusted::Refusal;
 use thiserror::Error;
-
-/// Longest excerpt of file content quoted in an error message, in characters.
-pub const EXCERPT_CHARS: usize = 200;
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum FileError {
@@ -37,93 +35,36 @@ pub enum FileError {
     Escapes { link: String, target: String, dir: String },
 }
 
-fn kind(ft: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_dir() {
-        "directory"
-    } else if ft.is_fifo() {
-        "FIFO"
-    } else if ft.is_socket() {
-        "socket"
-    } else if ft.is_block_device() || ft.is_char_device() {
-        "device"
-    } else {
-        "non-regular file"
+/// The error for `file` from the workspace's reader of untrusted files.
+fn file_error(file: &Path, e: std::io::Error) -> FileError {
+    let name = file.display().to_string();
+    if let Some(r) = mflow_untrusted::refusal(&e) {
+        return match r {
+            Refusal::NotRegular { kind } => FileError::NotRegular { file: name, kind: kind.trim_start_matches("a ") },
+            Refusal::TooLarge { size, limit } => FileError::TooLarge { file: name, size: *size, limit: *limit },
+        };
     }
+    if let Some(x) = e.get_ref().and_then(|i| i.downcast_ref::<mflow_untrusted::Escapes>()) {
+        return FileError::Escapes { link: name, target: x.target.display().to_string(), dir: x.dir.display().to_string() };
+    }
+    FileError::Open { file: name, source: e }
 }
 
-/// Opens `path` for reading only if it is a regular file.
-///
-/// The open is non-blocking, so a FIFO in the file's place returns at once instead of waiting
-/// for a writer; the type is then checked on the opened descriptor, so a swap between check and
-/// open cannot slip a FIFO in.
+/// Opens `path` for reading only if it is a regular file (`mflow_untrusted::open_regular`).
 pub fn open_regular(path: &Path) -> Result<File, FileError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = path.display().to_string();
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc_flags::O_NONBLOCK)
-        .open(path)
-        .map_err(|source| FileError::Open { file: file.clone(), source })?;
-    let meta = f.metadata().map_err(|source| FileError::Open { file: file.clone(), source })?;
-    if !meta.is_file() {
-        return Err(FileError::NotRegular { file, kind: kind(meta.file_type()) });
-    }
-    Ok(f)
-}
-
-/// The O_NONBLOCK value of the Linux and macOS ABIs, without a libc dependency.
-mod libc_flags {
-    #[cfg(any(target_os = "macos", target_os = "ios", target_os = "freebsd"))]
-    pub const O_NONBLOCK: i32 = 0x4;
-    #[cfg(not(any(target_os = "macos", target_os = "ios", target_os = "freebsd")))]
-    pub const O_NONBLOCK: i32 = 0o4000;
+    mflow_untrusted::open_regular(path).map_err(|e| file_error(path, e))
 }
 
 /// Reads a whole regular file of at most `limit` bytes.
 pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, FileError> {
-    let f = open_regular(path)?;
-    let file = || path.display().to_string();
-    let size = f.metadata().map_err(|source| FileError::Open { file: file(), source })?.len();
-    if size > limit {
-        return Err(FileError::TooLarge { file: file(), size, limit });
-    }
-    let mut buf = Vec::with_capacity(size as usize);
-    // `take` guards against a file that grows while it is read.
-    f.take(limit + 1).read_to_end(&mut buf).map_err(|source| FileError::Open { file: file(), source })?;
-    if buf.len() as u64 > limit {
-        return Err(FileError::TooLarge { file: file(), size: buf.len() as u64, limit });
-    }
-    Ok(buf)
+    mflow_untrusted::read_bounded(path, limit).map_err(|e| file_error(path, e))
 }
 
 /// `dir/name` if it exists and resolves (through any links) to a regular file inside `dir`;
 /// `None` if nothing is there; an error naming the link if it points outside `dir`, or if it
 /// is not a regular file.
 pub fn resolve_inside(dir: &Path, name: &str) -> Result<Option<PathBuf>, FileError> {
-    let path = dir.join(name);
-    match std::fs::symlink_metadata(&path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(FileError::Open { file: path.display().to_string(), source }),
-        Ok(_) => {}
-    }
-    fn open(p: &Path) -> impl FnOnce(std::io::Error) -> FileError + '_ {
-        move |source| FileError::Open { file: p.display().to_string(), source }
-    }
-    let root = dir.canonicalize().map_err(open(dir))?;
-    let target = path.canonicalize().map_err(open(&path))?;
-    if !target.starts_with(&root) {
-        return Err(FileError::Escapes {
-            link: path.display().to_string(),
-            target: target.display().to_string(),
-            dir: root.display().to_string(),
-        });
-    }
-    let meta = std::fs::metadata(&target).map_err(open(&target))?;
-    if !meta.is_file() {
-        return Err(FileError::NotRegular { file: path.display().to_string(), kind: kind(meta.file_type()) });
-    }
-    Ok(Some(target))
+    mflow_untrusted::resolve_inside(dir, name).map_err(|e| file_error(&dir.join(name), e))
 }
 
 /// Copies `dir/name` to `to` if it exists, after [`resolve_inside`]; returns whether it did.
@@ -140,40 +81,7 @@ pub fn copy_inside(dir: &Path, name: &str, to: &Path) -> Result<bool, FileError>
     Ok(true)
 }
 
-/// At most [`EXCERPT_CHARS`] characters of `s`, marking what was cut, for quoting file content
-/// in messages.
-pub fn excerpt(s: &str) -> String {
-    excerpt_of(&s)
-}
-
-/// [`excerpt`] of a value's display form, without formatting more of it than is quoted.
-pub fn excerpt_of(v: &dyn std::fmt::Display) -> String {
-    use std::fmt::Write;
-    // Keeps the first bytes written and counts the rest.
-    struct Cap {
-        out: String,
-        total: usize,
-    }
-    impl Write for Cap {
-        fn write_str(&mut self, s: &str) -> std::fmt::Result {
-            self.total += s.len();
-            let mut end = (EXCERPT_CHARS * 4).saturating_sub(self.out.len()).min(s.len());
-            while !s.is_char_boundary(end) {
-                end -= 1;
-            }
-            self.out.push_str(&s[..end]);
-            Ok(())
-        }
-    }
-    let mut cap = Cap { out: String::new(), total: 0 };
-    let _ = write!(cap, "{v}");
-    let cut = cap.out.char_indices().nth(EXCERPT_CHARS).map(|(i, _)| i);
-    match cut {
-        None if cap.total == cap.out.len() => cap.out,
-        None => format!("{}... ({} bytes in all)", cap.out, cap.total),
-        Some(i) => format!("{}... ({} bytes in all)", &cap.out[..i], cap.total),
-    }
-}
+pub use mflow_untrusted::{excerpt, excerpt_of, EXCERPT_CHARS};
 
 #[cfg(test)]
 mod tests {

@@ -81,25 +81,45 @@ pub struct Written {
     pub pngs: Vec<PathBuf>,
 }
 
-/// Writes the report (and PNGs when `png_dir` is given).
-pub fn write(run: &RunData, out: &Path, png_dir: Option<&Path>) -> Result<Written, CiError> {
+/// Where the report goes: a path the user named (written as `crate::user_output` writes, never
+/// into what mflow owns), or the run's own record.
+pub enum Out<'a> {
+    User(&'a Path, &'a crate::user_output::Owned),
+    Record(PathBuf),
+}
+
+/// Writes the report (and PNGs when a directory the user named is given).
+pub fn write(run: &RunData, out: Out<'_>, png_dir: Option<(&Path, &crate::user_output::Owned)>) -> Result<Written, CiError> {
+    if let Out::User(path, owned) = &out {
+        owned.check(path)?;
+    }
+    if let Some((dir, owned)) = png_dir {
+        crate::user_output::check_dir(dir, owned)?;
+    }
     let charts = charts(run)?;
     let page = html::page(run, &charts);
-    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+    let path = match &out {
+        Out::User(p, _) => p.to_path_buf(),
+        Out::Record(p) => p.clone(),
+    };
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| CiError::write(parent, e))?;
     }
-    crate::record::write_atomic(out, page.as_bytes()).map_err(|e| CiError::write(out, e))?;
+    match out {
+        Out::User(p, owned) => crate::user_output::write(p, page.as_bytes(), owned)?,
+        Out::Record(p) => crate::record::write_atomic(&p, page.as_bytes()).map_err(|e| CiError::write(&p, e))?,
+    }
     let mut pngs = Vec::new();
-    if let Some(dir) = png_dir {
+    if let Some((dir, owned)) = png_dir {
         std::fs::create_dir_all(dir).map_err(|e| CiError::write(dir, e))?;
         let fonts = plots::system_fonts();
         for c in &charts {
             let p = dir.join(format!("{}.png", c.name));
-            plots::write_png(&c.svg, &p, &fonts)?;
+            plots::write_png(&c.svg, &p, &fonts, owned)?;
             pngs.push(p);
         }
     }
-    Ok(Written { html: out.to_path_buf(), pngs })
+    Ok(Written { html: path, pngs })
 }
 
 /// Samples an evaluation stage recorded (`metrics.samples`), as (prompt, text) pairs.

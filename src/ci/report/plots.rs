@@ -146,7 +146,7 @@ pub fn timeline(bars: &[Bar]) -> Result<Option<String>, CiError> {
 }
 
 /// Renders an SVG to a PNG file with the system's fonts.
-pub fn write_png(svg: &str, path: &Path, fonts: &std::sync::Arc<resvg::usvg::fontdb::Database>) -> Result<(), CiError> {
+pub fn write_png(svg: &str, path: &Path, fonts: &std::sync::Arc<resvg::usvg::fontdb::Database>, owned: &crate::user_output::Owned) -> Result<(), CiError> {
     use resvg::{tiny_skia, usvg};
     let opt = usvg::Options { fontdb: fonts.clone(), ..usvg::Options::default() };
     let tree = usvg::Tree::from_str(svg, &opt).map_err(|e| CiError::Plot { what: path.display().to_string(), message: e.to_string() })?;
@@ -154,7 +154,7 @@ pub fn write_png(svg: &str, path: &Path, fonts: &std::sync::Arc<resvg::usvg::fon
     let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height()).ok_or_else(|| CiError::Plot { what: path.display().to_string(), message: "empty image".into() })?;
     resvg::render(&tree, tiny_skia::Transform::default(), &mut pixmap.as_mut());
     let png = pixmap.encode_png().map_err(|e| CiError::Plot { what: path.display().to_string(), message: e.to_string() })?;
-    crate::record::write_atomic(path, &png).map_err(|e| CiError::write(path, e))
+    Ok(crate::user_output::write(path, &png, owned)?)
 }
 
 /// The system's fonts, with a sans-serif family that exists here (the default, Arial, often
