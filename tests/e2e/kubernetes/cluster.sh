@@ -8,6 +8,7 @@
 #   cluster.sh env                 print the exports that point kubectl and tests at it
 #   cluster.sh stop COMPONENT...   stop components of the running cluster (e.g. trainer)
 #   cluster.sh start COMPONENT...  start them again and wait until they serve
+#                                  (`start kubelet2`: a second node, see cluster-node2.sh)
 #   cluster.sh sa-kubeconfig NAMESPACE NAME [FILE]
 #                                  write a kubeconfig with a fresh token of a ServiceAccount
 #
@@ -48,6 +49,10 @@ JOBSET_METRICS_PORT=8454
 NODE=localhost
 NAMESPACE=ml
 PAUSE_IMAGE=mflow-e2e/pause:1
+
+# The cluster's DNS and the second node (started on demand).
+# shellcheck source=cluster-node2.sh
+. "$E2E_DIR/cluster-node2.sh"
 
 # --- processes ----------------------------------------------------------------------------
 
@@ -534,12 +539,14 @@ EOF
 }
 
 # hostnet_runtime SOURCE NAME: mflow's runtime with hostNetwork, for the kubelet node
-# whose only CNI network is loopback.
+# whose only CNI network is loopback. Its pods keep cluster DNS (ClusterFirstWithHostNet), so
+# that Trainer's PET_MASTER_ADDR, a name of the JobSet's headless Service, resolves.
 hostnet_runtime() {
   k create --dry-run=client -o json -f "$1" |
     jq --arg name "$2" '.metadata.name = $name
       | .metadata.labels["mflow-e2e/test-only"] = "true"
-      | .spec.template.spec.replicatedJobs[].template.spec.template.spec.hostNetwork = true'
+      | .spec.template.spec.replicatedJobs[].template.spec.template.spec.hostNetwork = true
+      | .spec.template.spec.replicatedJobs[].template.spec.template.spec.dnsPolicy = "ClusterFirstWithHostNet"'
 }
 
 install_runtimes() {
@@ -683,8 +690,12 @@ EOF
     --config="$CONF/kwok.yaml" --config="$E2E_DIR/kwok-stages.yaml"
 }
 
+# start_containerd [NAME DIR STREAM_PORT]: a containerd with its root, state and socket in DIR
+# (the first node's by default; the second node has its own, see cluster-node2.sh).
 start_containerd() {
-  mkdir -p "$CTRD/root" "$CTRD/state" "$CTRD/opt" "$STATE_DIR/cni/net.d"
+  local name=${1:-containerd} dir=${2:-$CTRD} stream_port=${3:-$CRI_STREAM_PORT}
+  local sock="$dir/containerd.sock"
+  mkdir -p "$dir/root" "$dir/state" "$dir/opt" "$STATE_DIR/cni/net.d"
   # The only network is loopback: stage pods use hostNetwork, and CRI needs a network to
   # report NetworkReady.
   cat >"$STATE_DIR/cni/net.d/10-loopback.conflist" <<EOF
@@ -694,17 +705,17 @@ EOF
   [ -x "$cni_bin/loopback" ] || cni_bin=/opt/cni/bin
   # restrict_oom_score_adj: on VMs where root may not lower oom_score_adj, runc fails with
   # "can't get final child's PID from pipe: EOF" otherwise.
-  cat >"$CONF/containerd.toml" <<EOF
+  cat >"$CONF/$name.toml" <<EOF
 version = 2
-root = "$CTRD/root"
-state = "$CTRD/state"
+root = "$dir/root"
+state = "$dir/state"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
 
 [grpc]
-  address = "$CTRD_SOCK"
+  address = "$sock"
 
 [ttrpc]
-  address = "$CTRD_SOCK.ttrpc"
+  address = "$sock.ttrpc"
 
 [debug]
   address = ""
@@ -713,13 +724,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   address = ""
 
 [plugins."io.containerd.internal.v1.opt"]
-  path = "$CTRD/opt"
+  path = "$dir/opt"
 
 [plugins."io.containerd.grpc.v1.cri"]
   restrict_oom_score_adj = true
   sandbox_image = "docker.io/$PAUSE_IMAGE"
   stream_server_address = "127.0.0.1"
-  stream_server_port = "$CRI_STREAM_PORT"
+  stream_server_port = "$stream_port"
   enable_selinux = false
   netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -729,12 +740,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-        Root = "$CTRD/runc"
+        Root = "$dir/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$cni_bin"
     conf_dir = "$STATE_DIR/cni/net.d"
 EOF
-  start containerd containerd --config "$CONF/containerd.toml"
+  start "$name" containerd --config "$CONF/$name.toml"
 }
 
 ctr_() { ctr --address "$CTRD_SOCK" --namespace k8s.io "$@"; }
@@ -750,18 +761,23 @@ import_pause_image() {
     fail pause-image "importing the pause image failed"
 }
 
+# start_kubelet [NAME NODE PORT HEALTHZ_PORT CONTAINERD_SOCK POD_LOGS]: a kubelet with its
+# root in $STATE_DIR/NAME (the first node's by default; see cluster-node2.sh for the second).
 start_kubelet() {
-  mkdir -p "$STATE_DIR/kubelet" "$STATE_DIR/pod-logs"
+  local name=${1:-kubelet} node=${2:-$NODE} port=${3:-$KUBELET_PORT} healthz=${4:-$KUBELET_HEALTHZ_PORT}
+  local sock=${5:-$CTRD_SOCK} pod_logs=${6:-$STATE_DIR/pod-logs}
+  mkdir -p "$STATE_DIR/$name" "$pod_logs"
   # This VM has cgroup v1 only and no systemd: cgroupfs, no QoS cgroups, no eviction, and
-  # no image GC (images are imported, never pulled back).
-  cat >"$CONF/kubelet.yaml" <<EOF
+  # no image GC (images are imported, never pulled back). Pods that ask for cluster DNS
+  # (the hostnet runtimes: ClusterFirstWithHostNet) get the suite's DNS on 127.0.0.1.
+  cat >"$CONF/$name.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 127.0.0.1
-port: $KUBELET_PORT
+port: $port
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
-healthzPort: $KUBELET_HEALTHZ_PORT
+healthzPort: $healthz
 tlsCertFile: $PKI/serving.crt
 tlsPrivateKeyFile: $PKI/serving.key
 authentication:
@@ -769,8 +785,8 @@ authentication:
   webhook: {enabled: true}
   x509: {clientCAFile: $PKI/ca.crt}
 authorization: {mode: Webhook}
-containerRuntimeEndpoint: unix://$CTRD_SOCK
-imageServiceEndpoint: unix://$CTRD_SOCK
+containerRuntimeEndpoint: unix://$sock
+imageServiceEndpoint: unix://$sock
 failCgroupV1: false
 cgroupDriver: cgroupfs
 cgroupsPerQOS: false
@@ -780,56 +796,63 @@ evictionHard: {}
 evictionSoft: {}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-podLogsDir: $STATE_DIR/pod-logs
-volumePluginDir: $STATE_DIR/kubelet/volume-plugins
+podLogsDir: $pod_logs
+volumePluginDir: $STATE_DIR/$name/volume-plugins
 serializeImagePulls: false
 rotateCertificates: false
 serverTLSBootstrap: false
 resolvConf: /etc/resolv.conf
+clusterDNS: [127.0.0.1]
+clusterDomain: cluster.local
 maxPods: 110
 EOF
-  start kubelet "$KUBE_BIN_DIR/kubelet" \
-    --config="$CONF/kubelet.yaml" \
-    --kubeconfig="$KCFG/kubelet.kubeconfig" \
-    --root-dir="$STATE_DIR/kubelet" \
-    --hostname-override=$NODE \
+  local kcfg="$KCFG/kubelet.kubeconfig"
+  [ "$name" = kubelet ] || kcfg="$KCFG/$name.kubeconfig"
+  start "$name" "$KUBE_BIN_DIR/kubelet" \
+    --config="$CONF/$name.yaml" \
+    --kubeconfig="$kcfg" \
+    --root-dir="$STATE_DIR/$name" \
+    --hostname-override="$node" \
     --node-labels=mflow-e2e/mode=kubelet \
     --v=2
 }
 
+# node_ready [NODE]
 node_ready() {
-  [ "$(k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+  [ "$(k get node "${1:-$NODE}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
 }
 
 # --- down ---------------------------------------------------------------------------------
 
-# Pods outlive containerd in their shims; stop them while containerd still answers, then
-# stop the shims of this containerd that remain.
+# stop_containers [NAME SOCKET]: pods outlive containerd in their shims; stop them while
+# containerd still answers, then stop the shims of this containerd that remain.
 stop_containers() {
-  [ -S "$CTRD_SOCK" ] || return 0
-  if alive containerd; then
-    local ids id
-    ids=$(ctr_ tasks ls -q 2>/dev/null || true)
-    for id in $ids; do ctr_ tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
+  local name=${1:-containerd} sock=${2:-$CTRD_SOCK}
+  [ -S "$sock" ] || return 0
+  if alive "$name"; then
+    local ids id c=(ctr --address "$sock" --namespace k8s.io)
+    ids=$("${c[@]}" tasks ls -q 2>/dev/null || true)
+    for id in $ids; do "${c[@]}" tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
     for id in $ids; do
-      ctr_ tasks delete -f "$id" >/dev/null 2>&1 || true
-      ctr_ containers delete "$id" >/dev/null 2>&1 || true
+      "${c[@]}" tasks delete -f "$id" >/dev/null 2>&1 || true
+      "${c[@]}" containers delete "$id" >/dev/null 2>&1 || true
     done
   fi
   local p cmd shims=()
   for p in /proc/[0-9]*; do
     cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
     case $cmd in
-      *containerd-shim*"-address $CTRD_SOCK "*) shims+=("containerd-shim=${p#/proc/}:$(start_time "${p#/proc/}")") ;;
+      *containerd-shim*"-address $sock "*) shims+=("containerd-shim=${p#/proc/}:$(start_time "${p#/proc/}")") ;;
     esac
   done
   [ ${#shims[@]} -eq 0 ] || stop_pids "${shims[@]}"
 }
 
+# unmount_state [PREFIX]: what is mounted below the state directory (or PREFIX).
 unmount_state() {
-  local m
+  local m prefix=${1:-$STATE_DIR/}
   # Deepest first.
-  findmnt -rn -o TARGET | { grep -F "$STATE_DIR/" || true; } | awk '{print length, $0}' | sort -rn | cut -d' ' -f2- |
+  findmnt -rn -o TARGET | { grep -F "$prefix" || true; } | awk '{print length, $0}' | sort -rn | cut -d' ' -f2- |
     while read -r m; do
       umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "could not unmount $m"
     done
@@ -839,11 +862,12 @@ down() {
   [ -d "$STATE_DIR" ] || return 0
   [ -f "$MARKER" ] || die "$STATE_DIR is not an mflow e2e state directory; not touching it"
   # Clients of the apiserver first, then it, then etcd; containerd after its containers.
-  stop_components kwok kubelet trainer jobset kube-scheduler kube-controller-manager
+  stop_components kwok kubelet kubelet2 dns trainer jobset kube-scheduler kube-controller-manager
   stop_components kube-apiserver
   stop_components etcd
   stop_containers
-  stop_components containerd
+  stop_containers containerd2 "$CTRD2_SOCK"
+  stop_components containerd containerd2
   unmount_state
   # The kubelet links container logs into /var/log/containers; drop the links into our state.
   local l
@@ -890,6 +914,7 @@ up() {
     "$JOBSET_WEBHOOK_PORT" "$JOBSET_HEALTH_PORT" "$JOBSET_METRICS_PORT")
   [ "$mode" = kubelet ] && ports+=("$KUBELET_HEALTHZ_PORT" "$CRI_STREAM_PORT")
   check_ports "${ports[@]}"
+  [ "$mode" = kubelet ] && check_dns_port
 
   mkdir -p "$STATE_DIR" "$LOGS" "$PIDS" "$KCFG" "$CONF"
   touch "$MARKER"
@@ -914,6 +939,7 @@ up() {
   if [ "$mode" = kubelet ]; then
     wait_for containerd 30 "the containerd socket" ctr_ version
     import_pause_image
+    start_dns
     start_kubelet
   else
     start_kwok
@@ -957,7 +983,7 @@ export PATH=$KUBE_BIN_DIR:\$PATH
 EOF
 }
 
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler jobset trainer kwok containerd kubelet)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler jobset trainer kwok containerd kubelet dns kubelet2)
 
 # start_again COMPONENT: starts one stopped component of the running cluster and waits until
 # it serves again (tests use it to take a controller away and bring it back).
@@ -969,6 +995,10 @@ start_again() {
     return 0
   fi
   case $c in
+    kube-apiserver)
+      start_apiserver
+      wait_for kube-apiserver 60 "kube-apiserver /readyz" api_get /readyz
+      ;;
     kube-controller-manager) start_controller_manager ;;
     kube-scheduler) start_scheduler ;;
     jobset)
@@ -984,7 +1014,15 @@ start_again() {
       "start_$c"
       wait_for "$c" 90 "node $NODE Ready" node_ready
       ;;
-    *) die "$c cannot be restarted on its own (one of: kube-controller-manager kube-scheduler jobset trainer kwok kubelet)" ;;
+    dns)
+      [ "$mode" = kubelet ] || die "the DNS serves the kubelet's pods; this cluster runs in mode $mode"
+      start_dns
+      ;;
+    kubelet2)
+      [ "$mode" = kubelet ] || die "a second kubelet joins a cluster in mode kubelet; this one runs in mode $mode"
+      start_node2
+      ;;
+    *) die "$c cannot be restarted on its own (one of: kube-controller-manager kube-scheduler jobset trainer kwok kubelet dns kubelet2)" ;;
   esac
   log "$c started"
 }
@@ -1011,7 +1049,11 @@ main() {
       for c in "$@"; do
         case " ${COMPONENTS[*]} " in *" $c "*) ;; *) die "unknown component $c (one of: ${COMPONENTS[*]})" ;; esac
       done
-      stop_components "$@"
+      local rest=()
+      for c in "$@"; do
+        if [ "$c" = kubelet2 ]; then stop_node2; else rest+=("$c"); fi
+      done
+      [ ${#rest[@]} -eq 0 ] || stop_components "${rest[@]}"
       log "stopped $*"
       ;;
     start)

@@ -1,0 +1,3 @@
+module mflow-e2e/dns
+
+go 1.26
