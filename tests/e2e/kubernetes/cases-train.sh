@@ -129,7 +129,7 @@ check_main_run() {
   done
   check_torch_pods "mflow.dev/pipeline=gpt-tp2,mflow.dev/stage=train,mflow.dev/key=$(jq -r '.stages.train.key[:32]' <<<"$rec")" 1 "$nproc"
   eq "$(jq -r '[.stages.evaluate.gates[] | .passed] | all' <<<"$rec")" true "gates passed"
-  jq -r '.stages.evaluate.gates[] | "gate \(.name) \(.value) \(.passed)"' <<<"$rec"
+  jq -r '.stages.evaluate.gates[] | "gate \(.metric) \(.condition): \(.value) \(.passed)"' <<<"$rec"
   [ -f "$(jq -r .stages.export.output <<<"$rec")/model.safetensors" ] || { echo "export wrote no HF model"; return 1; }
 }
 
@@ -282,8 +282,12 @@ check_resumed() {
   echo "$c: resumed at iteration $ck of $RESUME_ITERATIONS"
 }
 
-# The final loss and validation loss of a case's train stage.
-final_losses() { jq -r '.stages.train.metrics | "\(.final_loss) \(.last_val_loss)"' <<<"$(record "$1")"; }
+# The final loss and validation loss of a case's train stage, from its metrics (every attempt's).
+final_losses() {
+  local dir
+  dir=$(ls -d "$(case_dir "$1")"/wd/runs/*/ | sort | tail -n 1)
+  jq -rs '"\([.[] | select(.loss != null)] | last | .loss) \([.[] | select(.val_loss != null)] | last | .val_loss)"' "${dir}stages/train/metrics.jsonl"
+}
 
 # same_losses A B: equal within 1e-6, the resume tolerance of docs/validation.md.
 same_losses() {
