@@ -106,14 +106,8 @@ impl KubernetesError {
     /// fix, or a cluster that did not do its part.
     pub fn class(&self) -> FailureClass {
         match self {
-            KubernetesError::Kube(
-                KubeError::Invalid { .. }
-                | KubeError::BadRequest { .. }
-                | KubeError::ReservedEnv { .. }
-                | KubeError::ForeignObject { .. }
-                | KubeError::BadWorkload { .. },
-            )
-            | KubernetesError::Setting { .. }
+            KubernetesError::Kube(k) if k.is_users_to_fix() => FailureClass::User,
+            KubernetesError::Setting { .. }
             | KubernetesError::NoImage { .. }
             | KubernetesError::Render { .. } => FailureClass::User,
             _ => FailureClass::Infra,

@@ -29,7 +29,7 @@ pub async fn follow(client: kube::Client, namespace: &str, run: &str, display: &
     let name = job_name(run);
     let kube = |what: &str| {
         let what = what.to_string();
-        move |e: kube::Error| RemoteError::Kube { what: what.clone(), message: mflow_kube::describe(&e) }
+        move |e: kube::Error| RemoteError::call(what.clone(), &e)
     };
     let mut followed: HashSet<String> = HashSet::new();
     let mut said: HashSet<String> = HashSet::new();

@@ -64,11 +64,25 @@ pub enum RemoteError {
     #[error("no run {run} in namespace {namespace}")]
     #[diagnostic(code(mflow::remote::no_run), help("`kubectl get jobs -l mflow.dev/component=driver` lists the runs started from outside the cluster"))]
     NoRun { run: String, namespace: String },
+    /// The cluster refused the call as a whole: credentials, certificate, namespace.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Cluster(#[from] mflow_kube::KubeError),
 }
 
 impl RemoteError {
+    /// A failed call: the connection-wide errors (rejected credentials, an untrusted
+    /// certificate, an unreachable server) as such, the rest as `cannot WHAT: why`.
+    pub fn call(what: impl Into<String>, e: &kube::Error) -> RemoteError {
+        match mflow_kube::KubeError::of_connection(e, &mflow_kube::Target::default()) {
+            Some(k) => RemoteError::Cluster(k),
+            None => RemoteError::Kube { what: what.into(), message: mflow_kube::describe(e) },
+        }
+    }
+
     pub fn exit_code(&self) -> ExitCode {
         match self {
+            RemoteError::Cluster(k) => crate::exit::for_kube(k),
             RemoteError::Upload(_) | RemoteError::Image { .. } | RemoteError::NotMflowImage { .. } | RemoteError::NoRun { .. } | RemoteError::TooLarge { .. } | RemoteError::Exists { .. } | RemoteError::InCluster { .. } => {
                 ExitCode::Invalid
             }
@@ -109,7 +123,7 @@ pub async fn run(plan: Plan, args: &RunArgs, detach: bool, mode: Mode) -> Result
     let kube = match crate::backend::kubernetes::Kubernetes::connect_for(&plan, mflow_kube::rbac::OUTSIDE).await {
         Ok(k) => k,
         Err(e) => {
-            let code = if e.class() == crate::exec::retry::FailureClass::User { ExitCode::Invalid } else { ExitCode::Infra };
+            let code = crate::exit::for_cluster(&e);
             let person = match &e {
                 crate::backend::kubernetes::KubernetesError::Kube(mflow_kube::KubeError::Forbidden { rbac_namespace, .. }) => Some(rbac_namespace.clone()),
                 _ => None,
@@ -126,6 +140,10 @@ pub async fn run(plan: Plan, args: &RunArgs, detach: bool, mode: Mode) -> Result
     let spec = &plan.spec;
     let pvc = setting(spec, "pvc").unwrap_or_else(|| mflow_kube::DEFAULT_PVC.into());
     let image = setting(spec, "image").unwrap_or_else(|| crate::backend::kubernetes::DEFAULT_IMAGE.into());
+    let service_account = driver_setting(spec, "service_account").and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "mflow".into());
+    if let Err(e) = mflow_kube::check_service_account(&service_account) {
+        return fail(e.into());
+    }
     let bundle = match Bundle::of(&plan) {
         Ok(b) => b,
         Err(e) => return fail(e.into()),
@@ -140,7 +158,7 @@ pub async fn run(plan: Plan, args: &RunArgs, detach: bool, mode: Mode) -> Result
         pipeline: spec.pipeline.name.clone(),
         image,
         pvc,
-        service_account: driver_setting(spec, "service_account").and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "mflow".into()),
+        service_account,
         project: bundle.tree_dir(),
         spec: bundle.spec.clone(),
         workdir: spec.workdir().display().to_string(),
@@ -157,7 +175,7 @@ pub async fn run(plan: Plan, args: &RunArgs, detach: bool, mode: Mode) -> Result
     };
     let jobs: kube::Api<k8s_openapi::api::batch::v1::Job> = kube::Api::namespaced(client.clone(), &namespace);
     if let Err(e) = jobs.create(&Default::default(), &driver::job(&d)).await {
-        return fail(RemoteError::Kube { what: "create the driver Job".into(), message: mflow_kube::describe(&e) });
+        return fail(kube.backend().error(e, "create", "jobs", &driver::job_name(&run)).into());
     }
     eprintln!("run {run}: driver job/{} in namespace {namespace}", driver::job_name(&run));
     if detach {
@@ -273,7 +291,8 @@ pub async fn output(plan: &Plan, stage: &str, set: &[String], download: Option<&
         return fail(RemoteError::Exists { dir: dir.display().to_string() });
     }
     let spec = &plan.spec;
-    let kube = crate::backend::kubernetes::Kubernetes::connect_read_only(spec).await.map_err(|e| crate::Error::usage(e.to_string(), "check KUBECONFIG and the context"))?;
+    let kube = crate::backend::kubernetes::Kubernetes::connect_read_only(spec).await?;
+    kube.check_namespace().await.map_err(crate::backend::kubernetes::KubernetesError::from)?;
     let (client, namespace) = (kube.client().clone(), kube.namespace().to_string());
     let pvc = setting(spec, "pvc").unwrap_or_else(|| mflow_kube::DEFAULT_PVC.into());
     let image = setting(spec, "image").unwrap_or_else(|| crate::backend::kubernetes::DEFAULT_IMAGE.into());
@@ -336,9 +355,14 @@ pub async fn output(plan: &Plan, stage: &str, set: &[String], download: Option<&
     Ok(ExitCode::Success)
 }
 
-async fn connect(namespace: Option<String>, context: Option<String>) -> Result<mflow_kube::KubeBackend, crate::Error> {
+/// Connects for a command that reads runs in the cluster; its errors, and their exit codes,
+/// are those of every other command (`crate::exit::for_cluster`). A namespace that does not
+/// exist is said as such rather than as a namespace without runs.
+pub async fn connect(namespace: Option<String>, context: Option<String>) -> Result<mflow_kube::KubeBackend, crate::Error> {
     let opts = mflow_kube::KubeOptions { namespace, context, ..Default::default() };
-    mflow_kube::KubeBackend::connect(opts).await.map_err(|e| crate::Error::usage(e.to_string(), "check KUBECONFIG and the context"))
+    let kube = mflow_kube::KubeBackend::connect(opts).await.map_err(crate::backend::kubernetes::KubernetesError::from)?;
+    kube.check_namespace().await.map_err(crate::backend::kubernetes::KubernetesError::from)?;
+    Ok(kube)
 }
 
 /// `mflow attach RUN`.
@@ -357,11 +381,15 @@ pub async fn cancel(run: &str, namespace: Option<String>, context: Option<String
     let pods: kube::Api<Pod> = kube::Api::namespaced(kube.client().clone(), &ns);
     let jobs: kube::Api<k8s_openapi::api::batch::v1::Job> = kube::Api::namespaced(kube.client().clone(), &ns);
     let name = driver::job_name(run);
-    let err = |what: &str, e: kube::Error| crate::Error::usage(format!("cannot {what}: {}", mflow_kube::describe(&e)), "check the rights on pods/exec and Jobs in the namespace");
+    let err = |what: &str, e: kube::Error| match mflow_kube::KubeError::of_connection(&e, kube.target()) {
+        Some(k) => crate::Error::Cluster(k.into()),
+        None => crate::Error::usage(format!("cannot {what}: {}", mflow_kube::describe(&e)), "check the rights on pods/exec and Jobs in the namespace"),
+    };
     if jobs.get_opt(&name).await.map_err(|e| err("read the driver Job", e))?.is_none() {
         let e = RemoteError::NoRun { run: run.into(), namespace: ns };
+        let code = e.exit_code();
         eprintln!("{:?}", miette::Report::new(e));
-        return Ok(ExitCode::Invalid);
+        return Ok(code);
     }
     let listed = pods.list(&kube::api::ListParams::default().labels(&format!("job-name={name}"))).await.map_err(|e| err("list the driver's pods", e))?;
     let running = listed.items.iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && p.metadata.deletion_timestamp.is_none());

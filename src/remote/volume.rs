@@ -35,7 +35,7 @@ impl VolumePod {
     /// A running volume pod of this image and claim: an existing one, else a new one.
     pub async fn ensure(client: kube::Client, namespace: &str, pvc: &str, image: &str, host_network: bool) -> Result<VolumePod, RemoteError> {
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let call = |verb: &'static str| move |e: kube::Error| RemoteError::Kube { what: format!("{verb} the volume pod"), message: mflow_kube::describe(&e) };
+        let call = |verb: &'static str| move |e: kube::Error| RemoteError::call(format!("{verb} the volume pod"), &e);
         let listed = pods.list(&ListParams::default().labels("mflow.dev/component=volume")).await.map_err(call("list"))?;
         let now = k8s_openapi::jiff::Timestamp::now();
         for p in listed.items {
@@ -88,7 +88,7 @@ impl VolumePod {
         let t0 = Instant::now();
         let mut last = String::new();
         while t0.elapsed() < Duration::from_secs(300) {
-            let p = self.pods.get(&self.name).await.map_err(|e| RemoteError::Kube { what: "read the volume pod".into(), message: mflow_kube::describe(&e) })?;
+            let p = self.pods.get(&self.name).await.map_err(|e| RemoteError::call("read the volume pod", &e))?;
             let status = p.status.unwrap_or_default();
             if status.phase.as_deref() == Some("Running") {
                 return Ok(());
@@ -158,7 +158,7 @@ impl VolumePod {
             .pods
             .exec(&self.name, ["sh", "-c", script], &ap)
             .await
-            .map_err(|e| RemoteError::Kube { what: format!("exec in the volume pod {}", self.name), message: mflow_kube::describe(&e) })?;
+            .map_err(|e| RemoteError::call(format!("exec in the volume pod {}", self.name), &e))?;
         let status = proc.take_status();
         let out = proc.stdout().expect("stdout was requested");
         let mut stderr = proc.stderr().expect("stderr was requested");

@@ -135,8 +135,8 @@ pub enum SpecError {
         edges: Vec<LabeledSpan>,
     },
 
-    #[error("invalid stage name `{name}`")]
-    #[diagnostic(code(mflow::spec::stage_name), help("stage names use letters, digits, `-` and `_`, and start with a letter"))]
+    #[error("invalid stage name `{name}`{}", length_note(name))]
+    #[diagnostic(code(mflow::spec::stage_name), help("stage names use letters, digits, `-` and `_`, start with a letter, and have at most 63 characters (Kubernetes label values; the TrainJob names made of pipeline and stage names are shortened to 48 characters with a hash, so that the pod names JobSet derives fit in 63)"))]
     StageName {
         #[source_code]
         src: Src,
@@ -327,5 +327,14 @@ mod tests {
                 assert!(help.len() < 1500, "help of {} bytes: {}", help.len(), super::excerpt(&help));
             }
         }
+    }
+}
+
+/// ` (70 characters; at most 63)` for a name over the limit of names in a spec.
+pub fn length_note(name: &str) -> String {
+    if name.len() > 63 {
+        format!(" ({} characters; at most 63)", name.len())
+    } else {
+        String::new()
     }
 }

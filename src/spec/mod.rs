@@ -222,7 +222,8 @@ fn parse_in(path: &Path, dir: PathBuf, text: &str, overrides: &[String]) -> Resu
     if let Some(name_node) = pipeline_node.get("name") {
         if let Val::Str(n) = &name_node.value {
             if !valid_name(n) {
-                errors.push(invalid(&src, name_node, "pipeline.name", "not a valid name", "use letters, digits, `-` and `_`, starting with a letter"));
+                let problem = format!("not a valid name{}", error::length_note(n));
+                errors.push(invalid(&src, name_node, "pipeline.name", &problem, "use letters, digits, `-` and `_`, starting with a letter, at most 63 characters (Kubernetes label values; the TrainJob names made of pipeline and stage names are shortened to 48 characters with a hash, so that the pod names JobSet derives fit in 63)"));
             }
         }
     }

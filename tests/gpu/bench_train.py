@@ -9,6 +9,7 @@ prof (profile this variant). BENCH_PROFILE=1 profiles two steps of every variant
 prints where the GPU time goes.
 """
 
+import gc
 import json
 import os
 import statistics
@@ -66,6 +67,7 @@ def run_variant(ps, shards, knobs):
                    "position_ids": torch.arange(SEQ, device="cuda").unsqueeze(0).expand(mbs, -1)}
 
     it = data()
+    mem_before = torch.cuda.memory_allocated() / 2**30
     times, losses = [], []
     torch.cuda.reset_peak_memory_stats()
     def step():
@@ -96,11 +98,12 @@ def run_variant(ps, shards, knobs):
            "step_s_spread": round(max(times[WARMUP:]) - min(times[WARMUP:]), 4),
            "tokens_per_s": round(tokens / dt), "tflops_per_gpu_mcore019": round(f019 / dt / 1e12 / world, 1),
            "tflops_per_gpu_probe_formula": round(f_probe / dt / 1e12 / world, 1),
-           "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+           "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "mem_at_start_gib": round(mem_before, 1),
            "first_step_s": round(times[0], 2), "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
     if "cuda_graph" in knobs:
         ME.MF.reset_full_iteration_graph()
-    del ddp, opt, model, fb
+    del ddp, opt, model, fb, step, out
+    gc.collect()  # Megatron's DDP hooks hold the model in reference cycles
     torch.cuda.empty_cache()
     return res
 
@@ -156,7 +159,8 @@ def main():
             r = run_variant(ps, shards, knobs)
         except Exception as e:  # noqa: BLE001 - record the failure, go on
             r = {"variant": v, "error": f"{type(e).__name__}: {str(e)[:400]}"}
-            torch.cuda.empty_cache()
+        gc.collect()  # after the handler, whose traceback held the failed variant's tensors
+        torch.cuda.empty_cache()
         if dist.get_rank() == 0:
             print("BENCH", json.dumps(r), flush=True)
             with open(out, "a") as f:

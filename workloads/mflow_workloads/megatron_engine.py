@@ -43,7 +43,7 @@ from .reference import parallel as RP
 from .schedule import lr_at
 
 # Speed knobs, each measured in docs/benchmarks.md (## Training); comma-separated, "none" for none.
-DEFAULT_KNOBS = "ce_fusion,swiglu_fusion,fused_adam,compile_rope,cudnn_attn"
+DEFAULT_KNOBS = "ce_compiled,swiglu_fusion,fused_adam,compile_rope,cudnn_attn"
 KNOBS = {k for k in os.environ.get("MFLOW_MEGATRON_KNOBS", DEFAULT_KNOBS).split(",") if k and k != "none"}
 
 

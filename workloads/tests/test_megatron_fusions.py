@@ -39,3 +39,36 @@ def test_model_loss_takes_batch_major_labels():
     want = F.cross_entropy(logits.permute(1, 2, 0), labels, reduction="none")
     assert got.shape == (b, s)
     torch.testing.assert_close(got, want)
+
+
+def _tp_worker(rank, world, port):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(2)
+        s, b, v = 6, 2, 40
+        logits = torch.randn(s, b, v) * 3
+        target = torch.randint(0, v, (s, b))
+        part = v // world
+        x = logits[:, :, rank * part:(rank + 1) * part].clone().requires_grad_(True)
+        loss = MF.cross_entropy(x, target, dist.group.WORLD)
+        loss.sum().backward()
+        ref_in = logits.clone().requires_grad_(True)
+        ref = F.cross_entropy(ref_in.reshape(-1, v), target.reshape(-1), reduction="none").reshape(s, b)
+        ref.sum().backward()
+        torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(x.grad, ref_in.grad[:, :, rank * part:(rank + 1) * part], rtol=1e-5, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cross_entropy_over_vocab_shards_matches_the_whole():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_tp_worker, args=(2, port), nprocs=2, join=True)

@@ -3,12 +3,12 @@
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{ApiResource, GroupVersionKind};
-use kube::{Client, Config};
+use kube::Client;
 
-use crate::error::api_status;
+use crate::error::{api_status, Target};
 use crate::manifest::{TRAINER_GROUP, TRAINER_VERSION};
 use crate::{KubeError, KubeOptions};
 
@@ -18,7 +18,8 @@ pub struct KubeBackend {
     pub(crate) client: Client,
     /// Options with the namespace resolved.
     pub(crate) opts: KubeOptions,
-    pub(crate) url: String,
+    /// The server and the kubeconfig names of the identity, for errors.
+    pub(crate) target: Target,
 }
 
 pub(crate) fn trainjob_resource() -> ApiResource {
@@ -36,29 +37,25 @@ impl KubeBackend {
     /// Loads the client configuration (the kubeconfig named in the options, `KUBECONFIG`,
     /// `~/.kube/config`, or the in-cluster service account) and checks that the API server answers.
     pub async fn connect(opts: KubeOptions) -> Result<Self, KubeError> {
-        let config_err = |e: &dyn std::fmt::Display| KubeError::Config { message: e.to_string() };
-        let kc_opts = KubeConfigOptions { context: opts.context.clone(), ..Default::default() };
-        let config = match &opts.kubeconfig {
-            Some(path) => {
-                let kubeconfig = Kubeconfig::read_from(path)
-                    .map_err(|e| KubeError::Config { message: format!("{}: {e}", path.display()) })?;
-                Config::from_custom_kubeconfig(kubeconfig, &kc_opts).await.map_err(|e| config_err(&e))?
-            }
-            None if opts.context.is_some() => Config::from_kubeconfig(&kc_opts).await.map_err(|e| config_err(&e))?,
-            None => Config::infer().await.map_err(|e| config_err(&e))?,
-        };
+        let (config, target) = crate::connect::load(&opts).await?;
         let mut opts = opts;
         if opts.namespace.is_none() {
             opts.namespace = Some(config.default_namespace.clone());
         }
-        let url = config.cluster_url.to_string();
-        let client = Client::try_from(config).map_err(|e| config_err(&e))?;
-        let backend = KubeBackend { client, opts, url };
+        crate::names::check_namespace(opts.namespace_or_default())?;
+        if let Some(sa) = &opts.service_account {
+            crate::names::check_service_account(sa)?;
+        }
+        let client = Client::try_from(config).map_err(|e| KubeError::Kubeconfig {
+            path: target.kubeconfig.clone().unwrap_or_else(|| "(in-cluster configuration)".into()),
+            message: format!("{}: {}", target.who(), crate::error::chain(&e)),
+        })?;
+        let backend = KubeBackend { client, opts, target };
         backend
             .client
             .apiserver_version()
             .await
-            .map_err(|e| KubeError::from_call(e, "get", "version", "", None, backend.namespace(), &backend.url))?;
+            .map_err(|e| KubeError::from_call(e, "get", "version", "", None, backend.namespace(), &backend.target))?;
         Ok(backend)
     }
 
@@ -67,7 +64,38 @@ impl KubeBackend {
         if opts.namespace.is_none() {
             opts.namespace = Some(client.default_namespace().to_string());
         }
-        KubeBackend { client, opts, url: String::from("(client)") }
+        KubeBackend { client, opts, target: Target { url: String::from("(client)"), ..Target::default() } }
+    }
+
+    /// The server and the kubeconfig context, user and cluster mflow reaches it with.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// Maps a client error of any call to what to do about it.
+    pub fn error(&self, e: kube::Error, verb: &str, resource: &str, name: &str) -> KubeError {
+        self.call_err(e, verb, resource, name)
+    }
+
+    /// Whether the working namespace exists: `Some(false)` when the server says it does not,
+    /// `None` when it would not say (reading namespaces is a right mflow does not require).
+    pub async fn namespace_exists(&self) -> Option<bool> {
+        namespace_exists(&self.client, self.namespace()).await
+    }
+
+    /// Fails with [`KubeError::NamespaceMissing`] when the server says the working namespace
+    /// does not exist.
+    pub async fn check_namespace(&self) -> Result<(), KubeError> {
+        match self.namespace_exists().await {
+            Some(false) => Err(KubeError::NamespaceMissing { namespace: self.namespace().to_string(), url: self.target.url.clone() }),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`KubeError::NamespaceMissing`] when the working namespace does not exist, else `other`:
+    /// for what a missing namespace also looks like (no claim, no rights, no objects).
+    pub async fn unless_namespace_missing(&self, other: KubeError) -> KubeError {
+        self.check_namespace().await.err().unwrap_or(other)
     }
 
     pub fn namespace(&self) -> &str {
@@ -85,12 +113,12 @@ impl KubeBackend {
     }
 
     pub(crate) fn call_err(&self, e: kube::Error, verb: &str, resource: &str, name: &str) -> KubeError {
-        KubeError::from_call(e, verb, resource, name, Some(self.namespace()), self.namespace(), &self.url)
+        KubeError::from_call(e, verb, resource, name, Some(self.namespace()), self.namespace(), &self.target)
     }
 
     /// For calls on cluster-scoped resources (runtimes, CRDs, access reviews).
     pub(crate) fn cluster_call_err(&self, e: kube::Error, verb: &str, resource: &str, name: &str) -> KubeError {
-        KubeError::from_call(e, verb, resource, name, None, self.namespace(), &self.url)
+        KubeError::from_call(e, verb, resource, name, None, self.namespace(), &self.target)
     }
 
     /// Checks everything a stage needs before the first one is submitted: the Trainer API and its
@@ -104,11 +132,19 @@ impl KubeBackend {
     /// starts a driver, whose own engine checks [`crate::rbac::RULES`] in the cluster.
     pub async fn preflight_for(&self, rules: &'static [crate::rbac::Rule]) -> Result<(), KubeError> {
         self.check_trainer_api().await?;
-        self.check_rights(rules).await?;
+        // Rights are granted in a namespace, and the claim lives in one: when either is
+        // missing, a missing namespace is the better answer.
+        match self.check_rights(rules).await {
+            Err(e @ KubeError::Forbidden { .. }) => return Err(self.unless_namespace_missing(e).await),
+            other => other?,
+        }
         for runtime in &self.opts.runtimes {
             self.check_runtime(runtime).await?;
         }
-        self.check_pvc().await
+        match self.check_pvc().await {
+            Err(e @ KubeError::PvcMissing { .. }) => Err(self.unless_namespace_missing(e).await),
+            other => other,
+        }
     }
 
     async fn check_trainer_api(&self) -> Result<(), KubeError> {
@@ -214,6 +250,18 @@ impl KubeBackend {
             }
             Ok(None) => Err(KubeError::PvcMissing { name: self.opts.pvc.clone(), namespace: self.namespace().to_string() }),
             Err(e) => Err(self.call_err(e, "get", "persistentvolumeclaims", &self.opts.pvc)),
+        }
+    }
+}
+
+/// Whether namespace `name` exists: `None` when the server would not say.
+pub async fn namespace_exists(client: &Client, name: &str) -> Option<bool> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    match namespaces.get_opt(name).await {
+        Ok(found) => Some(found.is_some()),
+        Err(e) => {
+            tracing::debug!(error = %crate::describe(&e), namespace = name, "cannot tell whether the namespace exists");
+            None
         }
     }
 }

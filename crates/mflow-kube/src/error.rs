@@ -15,6 +15,50 @@ fn scope(namespace: &Option<String>) -> String {
     }
 }
 
+/// The cluster and identity mflow talks to, as the kubeconfig names them, for errors that
+/// must say whose credentials or which server (never the credentials themselves).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Target {
+    /// The API server's URL.
+    pub url: String,
+    /// The kubeconfig context; `None` in a pod (its service account) or for a given client.
+    pub context: Option<String>,
+    /// The kubeconfig user of the context.
+    pub user: Option<String>,
+    /// The kubeconfig cluster of the context.
+    pub cluster: Option<String>,
+    /// The kubeconfig file(s) the context came from.
+    pub kubeconfig: Option<String>,
+    /// True for the in-cluster configuration (the pod's service account).
+    pub in_cluster: bool,
+}
+
+impl Target {
+    /// `context "dev" (user "alice")`, or `the pod's service account`.
+    pub fn who(&self) -> String {
+        match (&self.context, &self.user) {
+            (Some(c), Some(u)) => format!("context {c:?} (user {u:?})"),
+            (Some(c), None) => format!("context {c:?}"),
+            _ if self.in_cluster => "the pod's service account".to_string(),
+            _ => "the configured client".to_string(),
+        }
+    }
+
+    /// `the Kubernetes API server at URL`, or without the URL when it is not known.
+    pub fn server(&self) -> String {
+        if self.url.is_empty() {
+            "the Kubernetes API server".to_string()
+        } else {
+            format!("the Kubernetes API server at {}", self.url)
+        }
+    }
+
+    /// How to name the context in a command line: `--context dev`, or nothing.
+    fn context_flag(&self) -> String {
+        self.context.as_ref().map(|c| format!(" --context {c}")).unwrap_or_default()
+    }
+}
+
 #[derive(Debug, Error, Diagnostic)]
 pub enum KubeError {
     #[error("cannot load the Kubernetes client configuration: {message}")]
@@ -24,12 +68,62 @@ pub enum KubeError {
     )]
     Config { message: String },
 
+    #[error("cannot read the kubeconfig {path}: {message}")]
+    #[diagnostic(
+        code(mflow::kube::kubeconfig),
+        help("point KUBECONFIG at a kubeconfig file that exists and is valid YAML (`kubectl config view` reads the same files), or unset it to use ~/.kube/config")
+    )]
+    Kubeconfig { path: String, message: String },
+
+    #[error("{} (contexts: {})", if context.is_empty() { "the kubeconfig names no current context".to_string() } else { format!("the kubeconfig has no context {context:?}") }, if available.is_empty() { "none".to_string() } else { available.join(", ") })]
+    #[diagnostic(
+        code(mflow::kube::unknown_context),
+        help("set `context` under [pipeline.kubernetes] (or --context) to one of the contexts of {kubeconfig}; `kubectl config get-contexts` lists them")
+    )]
+    UnknownContext { context: String, available: Vec<String>, kubeconfig: String },
+
+    #[error("cannot use the credentials of {who}: {message}")]
+    #[diagnostic(
+        code(mflow::kube::credentials),
+        help("fix the user's entry in the kubeconfig (its token file, client certificate or exec plugin): `kubectl config view --minify{context_flag}` shows it")
+    )]
+    Credentials { who: String, context_flag: String, message: String },
+
+    #[error("{server} rejected the credentials of {who} (HTTP 401: {message})")]
+    #[diagnostic(
+        code(mflow::kube::unauthorized),
+        help("the token or client certificate is wrong, expired, or belongs to a ServiceAccount that was deleted: get fresh credentials for this user (for a ServiceAccount, `kubectl create token NAME`), or choose another context with `context` under [pipeline.kubernetes] or --context; `kubectl{context_flag} auth whoami` shows what the server thinks of them")
+    )]
+    Unauthorized { server: String, who: String, context_flag: String, message: String },
+
+    #[error("the certificate of {server} is not trusted ({who}): {message}")]
+    #[diagnostic(
+        code(mflow::kube::untrusted_certificate),
+        help("the cluster's certificate-authority (or certificate-authority-data) in the kubeconfig is not the CA that signed the server's certificate, or `server` names another server: take both from the cluster's own kubeconfig (`kubectl config view --minify --raw{context_flag}`)")
+    )]
+    UntrustedCertificate { server: String, who: String, context_flag: String, message: String },
+
     #[error("the Kubernetes API server at {url} is unreachable: {message}")]
     #[diagnostic(
         code(mflow::kube::unreachable),
-        help("check that the cluster is running and that `kubectl --context <ctx> get ns` works from this machine")
+        help("check that the cluster is running and that `kubectl{context_flag} get ns` works from this machine")
     )]
-    Unreachable { url: String, message: String },
+    Unreachable { url: String, context_flag: String, message: String },
+
+    #[error("namespace {namespace:?} does not exist on the cluster at {url}")]
+    #[diagnostic(
+        code(mflow::kube::namespace_missing),
+        help("create it (`kubectl create namespace {namespace}`, then the claim and RBAC of examples/kubernetes/), or choose an existing one: `namespace` under [pipeline.kubernetes], --namespace, or the namespace of the kubeconfig context")
+    )]
+    NamespaceMissing { namespace: String, url: String },
+
+    #[error("{what} {name:?} is {} characters long; Kubernetes allows at most {limit}", name.len())]
+    #[diagnostic(code(mflow::kube::name_too_long), help("{help}"))]
+    NameTooLong { what: String, name: String, limit: usize, help: String },
+
+    #[error("{what} {name:?} is not a valid Kubernetes name: {problem}")]
+    #[diagnostic(code(mflow::kube::invalid_name), help("{help}"))]
+    InvalidName { what: String, name: String, problem: String, help: String },
 
     #[error("forbidden: cannot {verb} {resource} {}: {message}", scope(namespace))]
     #[diagnostic(
@@ -131,10 +225,16 @@ impl KubeError {
         name: &str,
         namespace: Option<&str>,
         home: &str,
-        url: &str,
+        target: &Target,
     ) -> KubeError {
+        if let Some(e) = KubeError::of_connection(&err, target) {
+            return e;
+        }
         match err {
-            kube::Error::Api(status) if (status.is_forbidden() && !is_admission_denial(&status)) || status.code == 401 => KubeError::Forbidden {
+            kube::Error::Api(status) if status.code == 404 && missing_namespace(&status).is_some_and(|ns| namespace.is_none_or(|n| n == ns)) => {
+                KubeError::NamespaceMissing { namespace: missing_namespace(&status).unwrap_or(home).to_string(), url: target.url.clone() }
+            }
+            kube::Error::Api(status) if status.is_forbidden() && !is_admission_denial(&status) => KubeError::Forbidden {
                 verb: verb.to_string(),
                 resource: resource.to_string(),
                 namespace: namespace.map(str::to_string),
@@ -147,7 +247,6 @@ impl KubeError {
                 name: name.to_string(),
                 message: format!("{} ({}, HTTP {})", status.message, status.reason, status.code),
             },
-            kube::Error::HyperError(_) | kube::Error::Service(_) => KubeError::Unreachable { url: url.to_string(), message: describe(&err) },
             other => KubeError::Api {
                 verb: verb.to_string(),
                 resource: resource.to_string(),
@@ -156,6 +255,78 @@ impl KubeError {
             },
         }
     }
+
+    /// The errors of reaching the server at all, whatever the call: rejected credentials (401),
+    /// an untrusted certificate, credentials that cannot be loaded, no answer. `None` when the
+    /// server answered about the call itself.
+    pub fn of_connection(err: &kube::Error, target: &Target) -> Option<KubeError> {
+        let (url, server, who, context_flag) = (target.url.clone(), target.server(), target.who(), target.context_flag());
+        match err {
+            kube::Error::Api(status) if status.code == 401 => {
+                // The server's own words ("Unauthorized"); a request's token never appears in them.
+                let message = if status.message.is_empty() { status.reason.clone() } else { status.message.clone() };
+                Some(KubeError::Unauthorized { server, who, context_flag, message })
+            }
+            kube::Error::Api(_) => None,
+            kube::Error::Auth(_) => Some(KubeError::Credentials { who, context_flag, message: describe(err) }),
+            _ => match untrusted_certificate(err) {
+                Some(message) => Some(KubeError::UntrustedCertificate { server, who, context_flag, message }),
+                None if matches!(err, kube::Error::HyperError(_) | kube::Error::Service(_)) => {
+                    Some(KubeError::Unreachable { url, context_flag, message: describe(err) })
+                }
+                None => None,
+            },
+        }
+    }
+
+    /// Whether the user must fix something before trying again (exit 2), rather than wait for
+    /// the cluster (exit 3): the kubeconfig, the credentials, the certificate, the namespace,
+    /// a name, or the request itself.
+    pub fn is_users_to_fix(&self) -> bool {
+        matches!(
+            self,
+            KubeError::Config { .. }
+                | KubeError::Kubeconfig { .. }
+                | KubeError::UnknownContext { .. }
+                | KubeError::Credentials { .. }
+                | KubeError::Unauthorized { .. }
+                | KubeError::UntrustedCertificate { .. }
+                | KubeError::NamespaceMissing { .. }
+                | KubeError::NameTooLong { .. }
+                | KubeError::InvalidName { .. }
+                | KubeError::Invalid { .. }
+                | KubeError::BadRequest { .. }
+                | KubeError::ReservedEnv { .. }
+                | KubeError::ForeignObject { .. }
+                | KubeError::BadWorkload { .. }
+        )
+    }
+}
+
+/// The namespace a 404 says is missing: creating in a namespace that does not exist answers
+/// `namespaces "x" not found` (details kind `namespaces`), whatever the object.
+fn missing_namespace(status: &kube::core::Status) -> Option<&str> {
+    let details = status.details.as_ref()?;
+    (details.kind == "namespaces" && details.group.is_empty() && !details.name.is_empty()).then_some(details.name.as_str())
+}
+
+/// The TLS verifier's words when the server's certificate was refused, from anywhere in the
+/// error's chain of causes.
+fn untrusted_certificate(err: &kube::Error) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(cause) = source {
+        // An I/O error hides the error it wraps from `source()`.
+        let inner = cause.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).map(|e| e as &(dyn std::error::Error + 'static));
+        for e in [Some(cause), inner].into_iter().flatten() {
+            if let Some(tls @ rustls::Error::InvalidCertificate(_)) = e.downcast_ref::<rustls::Error>() {
+                return Some(tls.to_string());
+            }
+        }
+        source = inner.and_then(|i| i.source()).or_else(|| cause.source());
+    }
+    // The connector may carry the verifier's error as text only; rustls words it this way.
+    let text = chain(err);
+    text.find("invalid peer certificate").map(|at| text[at..].to_string())
 }
 
 /// A client error in words: the server's message when it answered, else the chain of causes
@@ -164,8 +335,13 @@ pub fn describe(err: &kube::Error) -> String {
     if let kube::Error::Api(status) = err {
         return format!("{} ({}, HTTP {})", status.message, status.reason, status.code);
     }
+    chain(err)
+}
+
+/// An error and its causes, each said once.
+pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
-    let mut source = std::error::Error::source(err);
+    let mut source = err.source();
     while let Some(cause) = source {
         let more = cause.to_string();
         if !text.contains(&more) {
@@ -210,5 +386,63 @@ mod tests {
         let e = KubeError::from_call(kube::Error::Api(Box::new(status)), "get", "clustertrainingruntimes", "x", None, "ml", "u");
         assert_eq!(e.to_string().split(':').next().unwrap(), "forbidden");
         assert!(e.to_string().contains("clustertrainingruntimes (cluster-scoped)"), "{e}");
+    }
+
+    fn target() -> Target {
+        Target { url: "https://10.0.0.1:6443/".into(), context: Some("dev".into()), user: Some("alice".into()), ..Target::default() }
+    }
+
+    fn api(code: u16, reason: &str, message: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status::failure(message, reason).with_code(code)))
+    }
+
+    #[test]
+    fn a_rejected_credential_names_the_context_and_user_not_rights() {
+        for (verb, resource, ns) in [("get", "version", None), ("list", "jobs", Some("ml")), ("create", "selfsubjectaccessreviews", None)] {
+            let e = KubeError::from_call(api(401, "Unauthorized", "Unauthorized"), verb, resource, "", ns, "ml", &target());
+            assert!(matches!(e, KubeError::Unauthorized { .. }), "{e:?}");
+            assert_eq!(e.to_string(), "the Kubernetes API server at https://10.0.0.1:6443/ rejected the credentials of context \"dev\" (user \"alice\") (HTTP 401: Unauthorized)");
+            let help = e.help().unwrap().to_string();
+            assert!(help.contains("kubectl create token") && help.contains("--context dev") && !help.contains("rbac"), "{help}");
+            assert!(e.is_users_to_fix());
+        }
+        // In a pod, the identity is its service account.
+        let pod = Target { url: "https://10.96.0.1:443/".into(), in_cluster: true, ..Target::default() };
+        let e = KubeError::of_connection(&api(401, "Unauthorized", ""), &pod).unwrap();
+        assert!(e.to_string().contains("rejected the credentials of the pod's service account (HTTP 401: Unauthorized)"), "{e}");
+        // A refusal of rights stays one.
+        let e = KubeError::from_call(api(403, "Forbidden", "jobs is forbidden"), "list", "jobs", "", Some("ml"), "ml", &target());
+        assert!(matches!(e, KubeError::Forbidden { .. }) && !e.is_users_to_fix(), "{e:?}");
+    }
+
+    #[test]
+    fn an_untrusted_certificate_is_not_an_unreachable_server() {
+        // How the TLS connector hands the verifier's refusal to the client: inside an I/O error.
+        let tls = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, tls);
+        let e = KubeError::of_connection(&kube::Error::Service(Box::new(io)), &target()).unwrap();
+        assert!(matches!(e, KubeError::UntrustedCertificate { .. }), "{e:?}");
+        assert_eq!(e.to_string(), "the certificate of the Kubernetes API server at https://10.0.0.1:6443/ is not trusted (context \"dev\" (user \"alice\")): invalid peer certificate: UnknownIssuer");
+        assert!(e.help().unwrap().to_string().contains("certificate-authority"));
+        assert!(e.is_users_to_fix());
+        // A refused connection is still unreachable, and not the user's to fix.
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let e = KubeError::of_connection(&kube::Error::Service(Box::new(refused)), &target()).unwrap();
+        assert!(matches!(e, KubeError::Unreachable { .. }) && !e.is_users_to_fix(), "{e:?}");
+        assert!(e.help().unwrap().to_string().contains("kubectl --context dev get ns"));
+    }
+
+    #[test]
+    fn a_missing_namespace_is_not_a_missing_object() {
+        // What the API server answers to a create in a namespace that does not exist.
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({"status": "Failure", "code": 404, "reason": "NotFound",
+            "message": "namespaces \"nowhere\" not found", "details": {"name": "nowhere", "kind": "namespaces"}})).unwrap();
+        let e = KubeError::from_call(kube::Error::Api(Box::new(status)), "create", "trainjobs", "p-s-1234", Some("nowhere"), "nowhere", &target());
+        assert_eq!(e.to_string(), "namespace \"nowhere\" does not exist on the cluster at https://10.0.0.1:6443/");
+        assert!(e.help().unwrap().to_string().contains("kubectl create namespace nowhere"));
+        assert!(e.is_users_to_fix());
+        // A 404 about the object itself is not about the namespace.
+        let e = KubeError::from_call(api(404, "NotFound", "trainjobs \"x\" not found"), "get", "trainjobs", "x", Some("ml"), "ml", &target());
+        assert!(matches!(e, KubeError::Api { .. }), "{e:?}");
     }
 }

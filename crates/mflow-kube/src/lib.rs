@@ -51,6 +51,7 @@
 
 mod backend;
 mod classify;
+mod connect;
 mod error;
 mod logs;
 mod manifest;
@@ -65,16 +66,19 @@ pub mod testing;
 use std::collections::BTreeMap;
 use std::fmt;
 
-pub use backend::KubeBackend;
+pub use backend::{namespace_exists, KubeBackend};
 pub use classify::{classify_failure, job_state, JobState};
-pub use error::{describe, KubeError, RBAC_EXAMPLE};
+pub use error::{describe, KubeError, Target, RBAC_EXAMPLE};
 pub use manifest::{
     stage_labels, trainjob_manifest, validate_request, workloads_configmap_name, ANN_KEY, ANN_PIPELINE, ANN_STAGE,
     ARTIFACT_MOUNT, LABEL_COMPONENT, LABEL_KEY, LABEL_MANAGED_BY, LABEL_PIPELINE, LABEL_STAGE, MANAGED_BY,
     PATCH_MANAGER, POD_JOBSET_LABEL, POD_RANK_LABEL, POD_REPLICATED_JOB_LABEL, RESERVED_ENV, WORKLOADS_ROOT,
     WORKLOADS_ZIP,
 };
-pub use names::{is_rfc1035_label, label_value, trainjob_name, MAX_TRAINJOB_NAME};
+pub use names::{
+    check_namespace, check_service_account, is_rfc1035_label, label_value, trainjob_name, MAX_DNS_LABEL, MAX_DNS_SUBDOMAIN,
+    MAX_TRAINJOB_NAME,
+};
 pub use options::{KubeOptions, DEFAULT_PVC, DEFAULT_RUNTIME, DEFAULT_START_TIMEOUT};
 pub use run::Existing;
 pub use store::{workloads_configmap, CacheEntry};

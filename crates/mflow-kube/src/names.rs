@@ -4,10 +4,56 @@
 //! `<name>-node-<job>-<rank>-<5 chars>` from them that must fit in 63 characters, which leaves
 //! 48 characters for the TrainJob (see docs/kubernetes.md).
 
+use crate::KubeError;
+
 /// Longest TrainJob name mflow generates.
 pub const MAX_TRAINJOB_NAME: usize = 48;
 /// Longest label value Kubernetes accepts.
 pub const MAX_LABEL_VALUE: usize = 63;
+/// Longest RFC 1123 label: namespace names, and the pod names JobSet derives.
+pub const MAX_DNS_LABEL: usize = 63;
+/// Longest RFC 1123 subdomain: ServiceAccount names.
+pub const MAX_DNS_SUBDOMAIN: usize = 253;
+
+/// Refuses a namespace name the API server would refuse, saying which rule it breaks.
+pub fn check_namespace(name: &str) -> Result<(), KubeError> {
+    const HELP: &str = "a namespace name is an RFC 1123 label: at most 63 characters, lower-case letters, digits and `-`, starting and ending with a letter or digit; set `namespace` under [pipeline.kubernetes] (or --namespace) to such a name";
+    if name.len() > MAX_DNS_LABEL {
+        return Err(KubeError::NameTooLong { what: "namespace".into(), name: name.into(), limit: MAX_DNS_LABEL, help: HELP.into() });
+    }
+    match label_problem(name) {
+        Some(problem) => Err(KubeError::InvalidName { what: "namespace".into(), name: name.into(), problem, help: HELP.into() }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses a ServiceAccount name the API server would refuse, saying which rule it breaks.
+pub fn check_service_account(name: &str) -> Result<(), KubeError> {
+    const HELP: &str = "a ServiceAccount name is an RFC 1123 subdomain: at most 253 characters, lower-case letters, digits, `-` and `.`, each dot-separated part starting and ending with a letter or digit; `kubectl get serviceaccounts` lists those of the namespace";
+    let what = "service account";
+    if name.len() > MAX_DNS_SUBDOMAIN {
+        return Err(KubeError::NameTooLong { what: what.into(), name: name.into(), limit: MAX_DNS_SUBDOMAIN, help: HELP.into() });
+    }
+    let problem = if name.is_empty() { Some("it is empty".to_string()) } else { name.split('.').find_map(label_problem) };
+    match problem {
+        Some(problem) => Err(KubeError::InvalidName { what: what.into(), name: name.into(), problem, help: HELP.into() }),
+        None => Ok(()),
+    }
+}
+
+/// What keeps `name` from being an RFC 1123 label, length aside.
+fn label_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("it is empty".into());
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')) {
+        return Some(format!("{c:?} is not a lower-case letter, digit or `-`"));
+    }
+    if name.starts_with('-') || name.ends_with('-') {
+        return Some("it starts or ends with `-`".into());
+    }
+    None
+}
 
 /// The TrainJob name of one attempt of one stage: `<pipeline>-<stage>-<key8>`, plus `-a<n>` from
 /// the second attempt on.
@@ -136,6 +182,19 @@ mod tests {
     fn digit_first_pipelines_get_a_letter() {
         let name = trainjob_name("7b", "convert", "ffffffffffff", 1);
         assert!(is_rfc1035_label(&name), "{name}");
+    }
+
+    #[test]
+    fn names_over_the_limit_say_the_limit_and_which_name() {
+        let long = "n".repeat(64);
+        let e = check_namespace(&long).unwrap_err();
+        assert_eq!(e.to_string(), format!("namespace \"{long}\" is 64 characters long; Kubernetes allows at most 63"));
+        assert!(check_namespace(&"n".repeat(63)).is_ok());
+        assert!(check_namespace("Team_A").unwrap_err().to_string().contains("'T' is not a lower-case letter"));
+        let e = check_service_account(&"s".repeat(254)).unwrap_err();
+        assert!(e.to_string().starts_with("service account \"sss") && e.to_string().ends_with("is 254 characters long; Kubernetes allows at most 253"), "{e}");
+        assert!(check_service_account("mflow.runner-1").is_ok());
+        assert!(check_service_account("mflow..x").is_err());
     }
 
     #[test]

@@ -729,6 +729,16 @@ fn access_review(shared: &Shared, body: &Bytes) -> Response {
     let allowed = Shared::is_allowed(&shared.inner.lock().unwrap(), &verb, &resource);
     review["status"] = json!({"allowed": allowed});
     review["apiVersion"] = json!("authorization.k8s.io/v1");
+        // A namespace exists when it holds an object (and the ones every cluster has).
+        ("get", _) if target.resource == "namespaces" && target.ns.is_empty() => {
+            let name = target.name.as_deref().unwrap();
+            let held = shared.inner.lock().unwrap().objects.keys().any(|(_, ns, _)| ns == name);
+            if held || ["default", "kube-system", "kube-public"].contains(&name) {
+                respond(StatusCode::OK, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}}))
+            } else {
+                not_found("namespaces", name)
+            }
+        }
     review["kind"] = json!("SelfSubjectAccessReview");
     respond(StatusCode::CREATED, review)
 }
