@@ -50,12 +50,12 @@ pub enum Error {
     #[error("{message}")]
     #[diagnostic(code(mflow::usage), help("{help}"))]
     Usage { message: String, help: String },
-}
-
     /// The cluster could not be reached, or refused before anything ran.
     #[error(transparent)]
     #[diagnostic(transparent)]
     Cluster(#[from] backend::kubernetes::KubernetesError),
+}
+
 impl Error {
     pub fn io(path: &Path, source: std::io::Error) -> Error {
         Error::Io { path: path.display().to_string(), source }
@@ -68,9 +68,9 @@ impl Error {
     pub fn exit_code(&self) -> exit::ExitCode {
         match self {
             Error::Plan(plan::PlanError::Unavailable { .. }) => exit::ExitCode::Infra,
+            Error::Cluster(e) => exit::for_cluster(e),
             Error::Spec(_) | Error::Plan(_) | Error::Usage { .. } => exit::ExitCode::Invalid,
             _ => exit::ExitCode::Internal,
-            Error::Cluster(e) => exit::for_cluster(e),
         }
     }
 }

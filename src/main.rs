@@ -8,7 +8,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let cli = mflow::cli::Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // The Kubernetes client's own complaints (a watch that broke, a server that went away) are
+    // said once in mflow's words by the backend; RUST_LOG still shows them.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,kube_client=off,kube_runtime=off"));
     if cli.log_format == mflow::cli::LogFormat::Json {
         tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
     } else {

@@ -202,7 +202,7 @@ async fn a_missing_namespace_is_said_as_such() {
     let words = words_of(&mflow(dir.path(), &kc, &["runs", "--backend", "kubernetes", "--namespace", "ml"], &[]).await, 0, "runs in ml");
     assert!(words.contains("no runs started outside the cluster in namespace ml"), "{words}");
 
-    let long = format!("team-{}", "a".repeat(65));
+    let long = format!("team{}", "a".repeat(66));
     let words = words_of(&mflow(dir.path(), &kc, &["runs", "--backend", "kubernetes", "--namespace", &long], &[]).await, 2, "a long namespace");
     assert!(words.contains(&format!("namespace \"{long}\" is 70 characters long; Kubernetes allows at most 63")), "{words}");
 }

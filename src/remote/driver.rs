@@ -107,12 +107,12 @@ pub fn job(d: &DriverSpec) -> Job {
         rules: vec![
             PodFailurePolicyRule {
                 action: "Count".into(),
-                on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern { type_: "DisruptionTarget".into(), status: Some("True".into()) }]),
+                on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern { type_: mflow_kube::DISRUPTION_CONDITION.into(), status: Some("True".into()) }]),
                 ..Default::default()
             },
             PodFailurePolicyRule {
                 action: "FailJob".into(),
-                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement { container_name: Some(CONTAINER.into()), operator: "NotIn".into(), values: vec![137, 143] }),
+                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement { container_name: Some(CONTAINER.into()), operator: "NotIn".into(), values: mflow_kube::SIGNAL_EXIT_CODES.to_vec() }),
                 ..Default::default()
             },
         ],

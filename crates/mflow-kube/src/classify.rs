@@ -79,10 +79,20 @@ pub fn stuck_pod(pod: &Pod) -> Option<String> {
     None
 }
 
-/// Classifies a failed TrainJob from its Failed condition and its pods.
+/// Exit codes of a container ended by a signal (SIGKILL, SIGTERM): what a deleted, evicted or
+/// preempted pod's container exits with. mflow's driver Job restarts on them too.
+pub const SIGNAL_EXIT_CODES: [i32; 2] = [137, 143];
+/// The pod condition Kubernetes sets on a pod it is about to take away (eviction, preemption,
+/// a tainted or lost node).
+pub const DISRUPTION_CONDITION: &str = "DisruptionTarget";
+
+/// Classifies a failed TrainJob from its Failed condition and its pods, given in the order
+/// their ends were seen.
 ///
-/// Evidence is weighed in this order: deadline (timeout), disruption of any pod (infra: the
-/// other ranks' errors are consequences), OOM kill (oom), a non-zero exit (user).
+/// Evidence is weighed in this order: deadline (timeout); eviction, preemption or node loss of
+/// any pod (infra: the other ranks' errors are consequences); a pod deleted while its
+/// container ran, unless a rank had already failed on its own (then the deletion is JobSet
+/// tearing the rest down); OOM kill (oom); a non-zero exit (user).
 pub fn classify_failure(reason: &str, message: &str, pods: &[Pod]) -> (FailureClass, String) {
     if reason == "DeadlineExceeded" {
         // Trainer's message already says it ("TrainJob exceeded its active deadline").
@@ -92,6 +102,14 @@ pub fn classify_failure(reason: &str, message: &str, pods: &[Pod]) -> (FailureCl
     for pod in pods {
         if let Some(why) = disruption(pod) {
             return (FailureClass::Infra, format!("{}{why}", rank_prefix(pod)));
+        }
+    }
+    for pod in pods {
+        if let Some(why) = deleted_while_running(pod) {
+            return (FailureClass::Infra, format!("{}{why}", rank_prefix(pod)));
+        }
+        if terminated(pod).iter().any(|(_, t)| t.exit_code != 0) {
+            break;
         }
     }
     for pod in pods {
@@ -110,17 +128,11 @@ pub fn classify_failure(reason: &str, message: &str, pods: &[Pod]) -> (FailureCl
     for pod in pods {
         for (name, term) in terminated(pod) {
             if term.exit_code != 0 {
-                let signal = match term.exit_code {
-                    137 => " (SIGKILL)",
-                    143 => " (SIGTERM)",
-                    139 => " (SIGSEGV)",
-                    _ => "",
-                };
                 let detail = term.message.as_deref().map(|m| format!(": {}", m.trim())).unwrap_or_default();
                 exits.push((
-                    matches!(term.exit_code, 137 | 143),
+                    SIGNAL_EXIT_CODES.contains(&term.exit_code),
                     pod_rank(pod),
-                    format!("{}container {name} exited with code {}{signal}{detail}", rank_prefix(pod), term.exit_code),
+                    format!("{}container {name} exited with code {}{}{detail}", rank_prefix(pod), term.exit_code, signal_name(term.exit_code)),
                 ));
             }
         }
@@ -139,6 +151,15 @@ pub fn classify_failure(reason: &str, message: &str, pods: &[Pod]) -> (FailureCl
     (FailureClass::Infra, format!("TrainJob failed ({reason}): {message}"))
 }
 
+fn signal_name(code: i32) -> &'static str {
+    match code {
+        137 => " (SIGKILL)",
+        143 => " (SIGTERM)",
+        139 => " (SIGSEGV)",
+        _ => "",
+    }
+}
+
 fn rank_prefix(pod: &Pod) -> String {
     match pod_rank(pod) {
         Some(rank) => format!("rank {rank}: "),
@@ -146,25 +167,69 @@ fn rank_prefix(pod: &Pod) -> String {
     }
 }
 
+/// Set by the watch on its copy of a pod seen with a deletionTimestamp while its `node`
+/// container ran; kept on the later copies of that pod.
+pub(crate) const SEEN_DELETED_RUNNING: &str = "mflow.dev/seen-deleted-while-running";
+
+/// When deletion of the pod was asked for: its deletionTimestamp less the grace period.
+fn deletion_requested(pod: &Pod) -> Option<k8s_openapi::jiff::Timestamp> {
+    let at = pod.metadata.deletion_timestamp.as_ref()?.0;
+    let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
+    Some(at.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(grace)).unwrap_or(at))
+}
+
+/// True when the pod has a deletionTimestamp and its `node` container has not ended.
+pub(crate) fn deleting_while_running(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some() && node_state(pod).is_some_and(|s| s.terminated.is_none())
+}
+
+fn node_state(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerState> {
+    let cs = pod.status.as_ref()?.container_statuses.as_ref()?.iter().find(|c| c.name == NODE)?;
+    cs.state.as_ref()
+}
+
+/// A pod deleted (kubectl delete, a drain without eviction, an operator's cleanup) while its
+/// `node` container ran: seen so by the watch, or its container ended after the deletion was
+/// asked for. A container that had ended before is not a disruption.
+pub fn deleted_while_running(pod: &Pod) -> Option<String> {
+    let requested = deletion_requested(pod)?;
+    let name = pod.metadata.name.as_deref().unwrap_or("?");
+    let seen = pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(SEEN_DELETED_RUNNING));
+    let state = node_state(pod);
+    let Some(term) = state.and_then(|s| s.terminated.as_ref()) else {
+        return (seen || state.is_some_and(|s| s.running.is_some())).then(|| format!("pod {name} was deleted while its container ran"));
+    };
+    let after = term.finished_at.as_ref().is_some_and(|f| f.0 > requested);
+    (seen || after).then(|| {
+        format!("pod {name} was deleted while its container ran (it then exited with code {}{})", term.exit_code, signal_name(term.exit_code))
+    })
+}
+
 /// Eviction, preemption or node loss, from the pod's reason and DisruptionTarget condition.
-fn disruption(pod: &Pod) -> Option<String> {
+pub fn disruption(pod: &Pod) -> Option<String> {
     let status = pod.status.as_ref()?;
+    let name = pod.metadata.name.as_deref().unwrap_or("?");
     if let Some(reason) = status.reason.as_deref() {
         if matches!(reason, "Evicted" | "Preempting" | "NodeLost" | "NodeShutdown" | "Terminated" | "Shutdown") {
             let msg = status.message.as_deref().unwrap_or_default();
-            return Some(format!("pod {reason}: {msg}"));
+            return Some(format!("pod {name} {reason}: {msg}"));
         }
     }
     let cond = status
         .conditions
         .iter()
         .flatten()
-        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")?;
-    Some(format!(
-        "pod disrupted ({}): {}",
-        cond.reason.as_deref().unwrap_or("DisruptionTarget"),
-        cond.message.as_deref().unwrap_or_default()
-    ))
+        .find(|c| c.type_ == DISRUPTION_CONDITION && c.status == "True")?;
+    let reason = cond.reason.as_deref().unwrap_or(DISRUPTION_CONDITION);
+    let what = match reason {
+        "EvictionByEvictionAPI" => "was evicted (Eviction API)",
+        "PreemptionByScheduler" => "was preempted by the scheduler",
+        "DeletionByTaintManager" => "was deleted because its node is tainted NoExecute",
+        "DeletionByPodGC" => "was deleted by the pod garbage collector (its node is gone or not ready)",
+        "TerminationByKubelet" => "was terminated by the kubelet",
+        _ => "was disrupted",
+    };
+    Some(format!("pod {name} {what} ({reason}: {})", cond.message.as_deref().unwrap_or_default()))
 }
 
 fn terminated(pod: &Pod) -> Vec<(String, k8s_openapi::api::core::v1::ContainerStateTerminated)> {
@@ -220,7 +285,56 @@ mod tests {
         let pods = [pod(0, exited(1, "Error")), pod(1, preempted)];
         let (class, message) = classify_failure("FailedJobs", "", &pods);
         assert_eq!(class, FailureClass::Infra);
-        assert!(message.starts_with("rank 1: pod disrupted (PreemptionByScheduler)"), "{message}");
+        assert!(message.starts_with("rank 1: pod job-node-0-1-abcde was preempted by the scheduler (PreemptionByScheduler"), "{message}");
+    }
+
+    fn deleted(mut pod: Pod, requested: &str, seen_running: bool) -> Pod {
+        let at: k8s_openapi::jiff::Timestamp = requested.parse().unwrap();
+        pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at + k8s_openapi::jiff::SignedDuration::from_secs(30)));
+        pod.metadata.deletion_grace_period_seconds = Some(30);
+        if seen_running {
+            pod.metadata.annotations = Some([(SEEN_DELETED_RUNNING.to_string(), "true".to_string())].into());
+        }
+        pod
+    }
+
+    fn killed_at(code: i32, at: &str) -> Value {
+        json!({"phase": "Failed", "containerStatuses": [{"name": "node", "ready": false, "restartCount": 0, "image": "i",
+            "imageID": "", "state": {"terminated": {"exitCode": code, "reason": "Error", "finishedAt": at}}}]})
+    }
+
+    #[test]
+    fn a_pod_deleted_while_its_container_ran_is_a_disruption_whatever_its_exit_code() {
+        // Seen with a deletionTimestamp while running; torchrun may exit 1 on SIGTERM.
+        for code in [137, 143, 1] {
+            let pod = deleted(pod(0, killed_at(code, "2026-01-01T00:00:01Z")), "2026-01-01T00:00:01Z", true);
+            let (class, message) = classify_failure("FailedJobs", "", &[pod]);
+            assert_eq!(class, FailureClass::Infra, "{message}");
+            assert!(message.starts_with("rank 0: pod job-node-0-0-abcde was deleted while its container ran (it then exited with code"), "{message}");
+        }
+        // Not seen running (mflow came back later), but killed after the deletion was asked.
+        let later = deleted(pod(0, killed_at(137, "2026-01-01T00:00:31Z")), "2026-01-01T00:00:01Z", false);
+        let (class, message) = classify_failure("FailedJobs", "", &[later]);
+        assert_eq!(class, FailureClass::Infra, "{message}");
+        assert!(message.contains("exited with code 137 (SIGKILL)"), "{message}");
+        // Gone while running, as kwok deletes pods: its last status is a running container.
+        let running = json!({"phase": "Running", "containerStatuses": [{"name": "node", "ready": true, "restartCount": 0,
+            "image": "i", "imageID": "", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]});
+        let (class, message) = classify_failure("FailedJobs", "", &[deleted(pod(0, running), "2026-01-01T00:00:01Z", false)]);
+        assert_eq!((class, message.as_str()), (FailureClass::Infra, "rank 0: pod job-node-0-0-abcde was deleted while its container ran"));
+    }
+
+    #[test]
+    fn pods_deleted_after_a_rank_failed_on_its_own_are_its_consequence() {
+        // Rank 1 fails; JobSet then deletes the Job, and with it rank 0 (running) and rank 1.
+        let failed = deleted(pod(1, killed_at(2, "2026-01-01T00:00:01Z")), "2026-01-01T00:00:01Z", false);
+        let torn_down = deleted(pod(0, killed_at(143, "2026-01-01T00:00:02Z")), "2026-01-01T00:00:01Z", true);
+        let (class, message) = classify_failure("FailedJobs", "", &[failed, torn_down]);
+        assert_eq!(class, FailureClass::User, "{message}");
+        assert!(message.starts_with("rank 1: container node exited with code 2"), "{message}");
+        // A container that had ended before anyone deleted its pod failed on its own.
+        let before = deleted(pod(0, killed_at(137, "2026-01-01T00:00:01Z")), "2026-01-01T00:05:00Z", false);
+        assert_eq!(classify_failure("FailedJobs", "", &[before]).0, FailureClass::User);
     }
 
     #[test]

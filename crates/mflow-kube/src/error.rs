@@ -380,10 +380,10 @@ mod tests {
         let denial = kube::core::Status::failure("admission webhook \"validator.trainjob.trainer.kubeflow.org\" denied the request: spec.trainer.env: Invalid value", "Forbidden").with_code(403);
         assert!(is_admission_denial(&denial));
         assert!(!is_admission_denial(&status));
-        let e = KubeError::from_call(kube::Error::Api(Box::new(denial)), "create", "trainjobs", "x", Some("ml"), "ml", "https://127.0.0.1:6443");
+        let e = KubeError::from_call(kube::Error::Api(Box::new(denial)), "create", "trainjobs", "x", Some("ml"), "ml", &target());
         assert!(matches!(e, KubeError::Api { .. }), "{e:?}");
         // Cluster-scoped resources are not said to be in a namespace.
-        let e = KubeError::from_call(kube::Error::Api(Box::new(status)), "get", "clustertrainingruntimes", "x", None, "ml", "u");
+        let e = KubeError::from_call(kube::Error::Api(Box::new(status)), "get", "clustertrainingruntimes", "x", None, "ml", &target());
         assert_eq!(e.to_string().split(':').next().unwrap(), "forbidden");
         assert!(e.to_string().contains("clustertrainingruntimes (cluster-scoped)"), "{e}");
     }

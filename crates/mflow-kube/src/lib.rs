@@ -59,7 +59,9 @@ mod names;
 mod options;
 pub mod rbac;
 mod run;
+mod state;
 mod store;
+mod watch;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -67,7 +69,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 pub use backend::{namespace_exists, KubeBackend};
-pub use classify::{classify_failure, job_state, JobState};
+pub use classify::{classify_failure, job_state, JobState, DISRUPTION_CONDITION, SIGNAL_EXIT_CODES};
 pub use error::{describe, KubeError, Target, RBAC_EXAMPLE};
 pub use manifest::{
     stage_labels, trainjob_manifest, validate_request, workloads_configmap_name, ANN_KEY, ANN_PIPELINE, ANN_STAGE,

@@ -1,15 +1,17 @@
-//! Streaming the `node` container logs of every rank, across pod restarts and replacements.
+//! Reading the `node` container logs: rank 0 followed to the end across broken streams and
+//! in-place restarts, and the whole log of any other rank whose container failed on its own.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use futures::{AsyncBufRead, AsyncBufReadExt};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, LogParams};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::classify::{node_container_started, pod_rank};
+use crate::classify::{node_container_started, pod_rank, SIGNAL_EXIT_CODES};
 use crate::error::api_status;
 use crate::manifest::NODE;
 use crate::LogLine;
@@ -17,29 +19,54 @@ use crate::LogLine;
 /// Longest log line passed on; the rest of a longer line is dropped, so a stage that prints
 /// without newlines cannot exhaust mflow's memory.
 pub(crate) const MAX_LINE: usize = 64 * 1024;
+/// Whole logs of failed ranks read per attempt; past this, mflow names the pods instead.
+const MAX_FAILED_LOGS: usize = 4;
+/// The most read of one failed rank's log.
+const FAILED_LOG_BYTES: i64 = 16 << 20;
 
-/// Starts one log stream per started container instance (pod uid + restart count).
+/// Follows rank 0's container instances (pod uid + restart count), one stream each, and reads
+/// the log of another rank's failed instance once.
 pub(crate) struct LogFollower {
     pods: Api<Pod>,
     tx: mpsc::Sender<LogLine>,
     following: HashSet<(String, i32)>,
+    failed: HashSet<(String, i32)>,
     tasks: JoinSet<()>,
 }
 
 impl LogFollower {
     pub(crate) fn new(pods: Api<Pod>, tx: mpsc::Sender<LogLine>) -> Self {
-        LogFollower { pods, tx, following: HashSet::new(), tasks: JoinSet::new() }
+        LogFollower { pods, tx, following: HashSet::new(), failed: HashSet::new(), tasks: JoinSet::new() }
     }
 
     /// Called for every pod event; pending pods are picked up once their container starts.
     pub(crate) fn observe(&mut self, pod: &Pod) {
-        let Some(restarts) = node_container_started(pod) else { return };
         let Some(name) = pod.metadata.name.clone() else { return };
         let uid = pod.metadata.uid.clone().unwrap_or_else(|| name.clone());
-        let stream = format!("{uid}/{restarts}");
-        if self.following.insert((uid, restarts)) {
-            let rank = pod_rank(pod);
-            self.tasks.spawn(follow(self.pods.clone(), name, rank, stream, self.tx.clone()));
+        let rank = pod_rank(pod);
+        if rank.unwrap_or(0) == 0 {
+            let Some(restarts) = node_container_started(pod) else { return };
+            if self.following.insert((uid.clone(), restarts)) {
+                let instance = Instance { pods: self.pods.clone(), name, uid, restarts, rank };
+                self.tasks.spawn(follow(instance, self.tx.clone()));
+            }
+            return;
+        }
+        for (restarts, previous) in failed_instances(pod) {
+            if !self.failed.insert((uid.clone(), restarts)) {
+                continue;
+            }
+            let instance = Instance { pods: self.pods.clone(), name: name.clone(), uid: uid.clone(), restarts, rank };
+            if self.failed.len() <= MAX_FAILED_LOGS {
+                self.tasks.spawn(read_failed(instance, previous, self.tx.clone()));
+            } else {
+                let tx = self.tx.clone();
+                let ns = self.pods.namespace().unwrap_or("default").to_string();
+                let line = format!("mflow: rank {} failed too; its log: kubectl logs -n {ns} {name} -c {NODE}{}", rank.unwrap_or(0), if previous { " --previous" } else { "" });
+                self.tasks.spawn(async move {
+                    let _ = tx.send(LogLine { rank: None, line, stream: None }).await;
+                });
+            }
         }
     }
 
@@ -57,29 +84,246 @@ impl LogFollower {
     }
 }
 
-async fn follow(pods: Api<Pod>, name: String, rank: Option<u32>, stream_id: String, tx: mpsc::Sender<LogLine>) {
-    let params = LogParams { container: Some(NODE.to_string()), follow: true, ..Default::default() };
-    // A container that has just started may still be reported as waiting; retry briefly.
-    for attempt in 0..20u64 {
-        match pods.log_stream(&name, &params).await {
-            Ok(stream) => {
-                let mut stream = std::pin::pin!(stream);
-                while let Some(line) = next_line(&mut stream, MAX_LINE).await {
-                    if tx.send(LogLine { rank, line, stream: Some(stream_id.clone()) }).await.is_err() {
+/// Container instances of a pod that ended with a failure of their own (not a signal from a
+/// deletion or a teardown, an OOM kill aside): (restart count, whether it is the previous one).
+fn failed_instances(pod: &Pod) -> Vec<(i32, bool)> {
+    let Some(cs) = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.iter().find(|c| c.name == NODE)) else {
+        return Vec::new();
+    };
+    let own = |t: &k8s_openapi::api::core::v1::ContainerStateTerminated| {
+        t.exit_code != 0 && (!SIGNAL_EXIT_CODES.contains(&t.exit_code) || t.reason.as_deref() == Some("OOMKilled"))
+    };
+    let mut out = Vec::new();
+    if cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()).is_some_and(own) && cs.restart_count > 0 {
+        out.push((cs.restart_count - 1, true));
+    }
+    if cs.state.as_ref().and_then(|s| s.terminated.as_ref()).is_some_and(own) {
+        out.push((cs.restart_count, false));
+    }
+    out
+}
+
+/// One container instance of a pod.
+struct Instance {
+    pods: Api<Pod>,
+    name: String,
+    uid: String,
+    restarts: i32,
+    rank: Option<u32>,
+}
+
+/// What became of a followed container instance.
+enum Fate {
+    Running,
+    Ended,
+    /// Restarted in place: its log is now the pod's `previous` one.
+    Restarted,
+    Gone,
+    /// The API server did not answer.
+    Unknown,
+}
+
+impl Instance {
+    fn stream_id(&self) -> String {
+        format!("{}/{}", self.uid, self.restarts)
+    }
+
+    async fn fate(&self) -> Fate {
+        let pod = match self.pods.get_opt(&self.name).await {
+            Ok(Some(pod)) if pod.metadata.uid.as_deref().unwrap_or(&self.name) == self.uid => pod,
+            Ok(_) => return Fate::Gone,
+            Err(_) => return Fate::Unknown,
+        };
+        let status = pod.status.as_ref();
+        let Some(cs) = status.and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.iter().find(|c| c.name == NODE)) else {
+            return Fate::Gone;
+        };
+        if cs.restart_count == self.restarts + 1 {
+            return Fate::Restarted;
+        }
+        if cs.restart_count > self.restarts {
+            return Fate::Gone;
+        }
+        let running = cs.state.as_ref().is_some_and(|s| s.running.is_some());
+        let done = matches!(status.and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
+        if running && !done {
+            Fate::Running
+        } else {
+            Fate::Ended
+        }
+    }
+}
+
+/// Follows one container instance to its end. A stream that ends or breaks while the container
+/// runs (an API server restart, a kubelet that dropped it) is opened again from the time of its
+/// last line, and the lines already passed on are skipped; once the container has ended its
+/// log is read once more from there, so that nothing it printed is missing.
+async fn follow(instance: Instance, tx: mpsc::Sender<LogLine>) {
+    let stream = instance.stream_id();
+    let mut cursor = Cursor::default();
+    let mut last_read: Option<bool> = None;
+    let mut waiting = 0u64;
+    let mut backoff = Backoff::default();
+    loop {
+        let params = LogParams {
+            container: Some(NODE.to_string()),
+            follow: last_read.is_none(),
+            previous: last_read == Some(true),
+            timestamps: true,
+            since_time: cursor.since(),
+            ..Default::default()
+        };
+        cursor.reopen();
+        tracing::debug!(pod = %instance.name, follow = params.follow, "opening a log stream");
+        match instance.pods.log_stream(&instance.name, &params).await {
+            Ok(body) => {
+                backoff.reset();
+                let mut body = std::pin::pin!(body);
+                while let Some(raw) = next_line(&mut body, MAX_LINE + 64).await {
+                    let Some(line) = cursor.fresh(&raw) else { continue };
+                    if tx.send(LogLine { rank: instance.rank, line, stream: Some(stream.clone()) }).await.is_err() {
+                        return;
+                    }
+                }
+                if last_read.is_some() {
+                    return;
+                }
+            }
+            // A container that has just started may still be reported as waiting.
+            Err(e) if api_status(&e).is_some_and(|s| s.code == 400) && last_read.is_none() && waiting < 20 => {
+                waiting += 1;
+                tokio::time::sleep(Duration::from_millis(100 * waiting.min(10))).await;
+                continue;
+            }
+            Err(e) if api_status(&e).is_some_and(|s| s.code == 404 || s.code == 400) => return,
+            Err(e) if api_status(&e).is_some_and(|s| s.code == 401 || s.code == 403) => {
+                let line = format!("mflow: cannot read the logs of pod {}: {}", instance.name, crate::error::describe(&e));
+                let _ = tx.send(LogLine { rank: None, line, stream: None }).await;
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(pod = %instance.name, "cannot open the log stream, trying again: {}", crate::error::describe(&e));
+                backoff.wait().await;
+            }
+        }
+        last_read = match instance.fate().await {
+            Fate::Running => None,
+            Fate::Ended => Some(false),
+            Fate::Restarted => Some(true),
+            Fate::Gone => return,
+            Fate::Unknown => {
+                backoff.wait().await;
+                None
+            }
+        };
+    }
+}
+
+/// Reads the whole log of a failed container instance once.
+async fn read_failed(instance: Instance, previous: bool, tx: mpsc::Sender<LogLine>) {
+    let params = LogParams { container: Some(NODE.to_string()), previous, limit_bytes: Some(FAILED_LOG_BYTES), ..Default::default() };
+    let stream = Some(instance.stream_id());
+    let mut backoff = Backoff::default();
+    for _ in 0..5 {
+        match instance.pods.log_stream(&instance.name, &params).await {
+            Ok(body) => {
+                let mut body = std::pin::pin!(body);
+                while let Some(line) = next_line(&mut body, MAX_LINE).await {
+                    if tx.send(LogLine { rank: instance.rank, line, stream: stream.clone() }).await.is_err() {
                         return;
                     }
                 }
                 return;
             }
-            Err(e) if api_status(&e).is_some_and(|s| s.code == 400) => {
-                tokio::time::sleep(Duration::from_millis(100 * (attempt + 1).min(10))).await;
-            }
-            Err(e) => {
-                let line = format!("mflow: cannot read the logs of pod {name}: {}", crate::error::describe(&e));
+            Err(e) if api_status(&e).is_some() => {
+                let line = format!("mflow: cannot read the log of failed pod {}: {}", instance.name, crate::error::describe(&e));
                 let _ = tx.send(LogLine { rank: None, line, stream: None }).await;
                 return;
             }
+            Err(_) => backoff.wait().await,
         }
+    }
+}
+
+/// Where a followed log is: the time of its newest line and how many lines carried that time,
+/// so that a stream opened again from that second skips exactly the lines already passed on.
+#[derive(Default)]
+struct Cursor {
+    last: Option<Timestamp>,
+    at_last: usize,
+    /// Lines stamped `last` still to skip in the stream just opened.
+    replay: usize,
+}
+
+impl Cursor {
+    /// `sinceTime` for the next stream: the second of the newest line (the server counts whole
+    /// seconds).
+    fn since(&self) -> Option<Timestamp> {
+        let last = self.last?;
+        Timestamp::from_second(last.as_second()).ok()
+    }
+
+    fn reopen(&mut self) {
+        self.replay = self.at_last;
+    }
+
+    /// The text of a `timestamps=true` line when it is new, cut to [`MAX_LINE`].
+    fn fresh(&mut self, raw: &str) -> Option<String> {
+        let (stamp, text) = match raw.split_once(' ') {
+            Some((t, text)) => match t.parse::<Timestamp>() {
+                Ok(t) => (Some(t), text),
+                Err(_) => (None, raw),
+            },
+            None => match raw.parse::<Timestamp>() {
+                Ok(t) => (Some(t), ""),
+                Err(_) => (None, raw),
+            },
+        };
+        if let Some(t) = stamp {
+            match self.last {
+                Some(last) if t < last => return None,
+                Some(last) if t == last => {
+                    if self.replay > 0 {
+                        self.replay -= 1;
+                        return None;
+                    }
+                    self.at_last += 1;
+                }
+                _ => {
+                    self.last = Some(t);
+                    self.at_last = 1;
+                    self.replay = 0;
+                }
+            }
+        }
+        Some(cut(text, MAX_LINE))
+    }
+}
+
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
+/// Waits between attempts to reach the API server: 250 ms, doubling up to 5 s.
+#[derive(Default)]
+struct Backoff(u32);
+
+impl Backoff {
+    async fn wait(&mut self) {
+        let ms = (250u64 << self.0.min(5)).min(5000);
+        self.0 += 1;
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    fn reset(&mut self) {
+        self.0 = 0;
     }
 }
 
@@ -130,5 +374,22 @@ mod tests {
             lines.push(line);
         }
         assert_eq!(lines, ["one", "two", "xxxxxxxxxx", "last"]);
+    }
+
+    #[test]
+    fn a_reopened_stream_skips_exactly_the_lines_already_passed_on() {
+        let mut c = Cursor::default();
+        let first = ["2026-01-01T00:00:01.5Z a", "2026-01-01T00:00:02.25Z b", "2026-01-01T00:00:02.25Z c"];
+        let got: Vec<String> = first.iter().filter_map(|l| c.fresh(l)).collect();
+        assert_eq!(got, ["a", "b", "c"]);
+        // The server is asked from the second of the newest line, and sends it all again.
+        assert_eq!(c.since().unwrap().to_string(), "2026-01-01T00:00:02Z");
+        c.reopen();
+        let again = ["2026-01-01T00:00:02.1Z x", "2026-01-01T00:00:02.25Z b", "2026-01-01T00:00:02.25Z c", "2026-01-01T00:00:02.25Z d", "2026-01-01T00:00:03Z e"];
+        let got: Vec<String> = again.iter().filter_map(|l| c.fresh(l)).collect();
+        assert_eq!(got, ["d", "e"]);
+        // A line without a time is passed on as it is.
+        assert_eq!(c.fresh("no time here").as_deref(), Some("no time here"));
+        assert_eq!(c.fresh("2026-01-01T00:00:04Z").as_deref(), Some(""), "an empty line keeps its time");
     }
 }

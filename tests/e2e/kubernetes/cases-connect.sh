@@ -100,7 +100,7 @@ case_missing_namespace() {
   expect 2 mf cancel 20260101-000000-000-aaaa --namespace e2e-nowhere
   contains "$(last | tr -s ' │\n' ' ')" "namespace \"e2e-nowhere\" does not exist"
 
-  long="team-$(printf 'a%.0s' $(seq 1 65))"
+  long="team$(printf 'a%.0s' $(seq 1 66))"
   spec=$(write_spec missing_namespace "namespace = \"$long\"" <<<"$CONNECT_STAGE")
   expect 2 mf run "$spec"
   contains "$(last | tr -s ' │\n' ' ')" "namespace \"$long\" is 70 characters long; Kubernetes allows at most 63"

@@ -641,7 +641,8 @@ start_kwok() {
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
 options:
-  manageSingleNode: $NODE
+  # Every node annotated as kwok's: $NODE, and the fake nodes a case adds.
+  manageNodesWithAnnotationSelector: kwok.x-k8s.io/node=fake
   nodeName: $NODE
   nodeIP: 127.0.0.1
   nodePort: $KUBELET_PORT

@@ -18,9 +18,15 @@ pub enum Scenario {
     Exit { rank: u32, code: i32 },
     Oom { rank: u32 },
     Evicted { rank: u32 },
+    /// The pod of `rank` is deleted while it runs (`kubectl delete pod`): it gets a
+    /// deletionTimestamp, then its container is killed (137) when `killed`, or it goes at once
+    /// (as on kwok); the Job fails.
+    Deleted { rank: u32, killed: bool },
     Deadline,
     /// Suspended by a queue first, then admitted and succeeds.
     QueuedThenSucceed,
+    /// Runs, is suspended (its pods deleted), is resumed with new pods, then succeeds.
+    SuspendedWhileRunning,
     /// Runs until the notify is signalled, then succeeds.
     HoldThenSucceed(Arc<Notify>),
     /// The container of `rank` crashes once and is restarted in place by the kubelet (as with
@@ -125,7 +131,7 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
         tokio::time::sleep(STEP * 4).await;
         set_condition(&api, &ns, &name, condition("Suspended", "False", "Resumed", "TrainJob is resumed"));
     }
-    let mut pods = Vec::new();
+    let mut pods: Vec<String> = Vec::new();
     for rank in 0..nodes {
         let pod = format!("{name}-node-0-{rank}-{}", &format!("{:05x}", rank * 7919 + 4242)[..5]);
         let index = rank.to_string();
@@ -175,6 +181,31 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
         }
         tokio::time::sleep(STEP).await;
     }
+    if matches!(scenario, Scenario::SuspendedWhileRunning) {
+        set_condition(&api, &ns, &name, condition("Suspended", "True", "Suspended", "TrainJob is suspended"));
+        for pod in &pods {
+            api.close_log(&ns, pod);
+            api.remove("pods", &ns, pod);
+        }
+        tokio::time::sleep(STEP * 4).await;
+        set_condition(&api, &ns, &name, condition("Suspended", "False", "Resumed", "TrainJob is resumed"));
+        for pod in pods.iter_mut() {
+            let fresh = format!("{pod}r");
+            let mut obj = json!({"metadata": {"name": fresh}});
+            obj["metadata"]["labels"] = json!(pod_labels(&job, pods_rank(pod)));
+            obj["metadata"]["annotations"] = json!({"batch.kubernetes.io/job-completion-index": pods_rank(pod).to_string()});
+            obj["spec"] = json!({"containers": [{"name": "node", "image": image}], "restartPolicy": "Never"});
+            obj["status"] = json!({"phase": "Running", "containerStatuses": container_status(json!({"running": {"startedAt": now()}}), 0)});
+            if api.insert("pods", &ns, obj).is_err() {
+                return;
+            }
+            *pod = fresh;
+        }
+        for (rank, pod) in pods.iter().enumerate() {
+            api.append_log(&ns, pod, &format!("started again on node {rank}"));
+        }
+        tokio::time::sleep(STEP).await;
+    }
     if let Scenario::HoldThenSucceed(release) = &scenario {
         release.notified().await;
         for (rank, pod) in pods.iter().enumerate() {
@@ -209,6 +240,7 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
     match scenario {
         Scenario::Succeed
         | Scenario::QueuedThenSucceed
+        | Scenario::SuspendedWhileRunning
         | Scenario::HoldThenSucceed(_)
         | Scenario::RestartThenSucceed { .. }
         | Scenario::UnschedulableThenSucceed => {
@@ -253,12 +285,38 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
             drop_others(&pod);
             failed("FailedJobs", "jobset failed due to one or more failed jobs");
         }
+        Scenario::Deleted { rank, killed } => {
+            let pod = fail_rank(rank);
+            api.modify("pods", &ns, &pod, |p| {
+                p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:31Z");
+                p["metadata"]["deletionGracePeriodSeconds"] = json!(30);
+            });
+            tokio::time::sleep(STEP).await;
+            api.close_log(&ns, &pod);
+            if killed {
+                api.modify("pods", &ns, &pod, |p| {
+                    p["status"]["phase"] = json!("Failed");
+                    p["status"]["containerStatuses"] = container_status(
+                        json!({"terminated": {"exitCode": 137, "reason": "Error", "startedAt": now(), "finishedAt": "2026-01-01T00:00:31Z"}}),
+                        0,
+                    );
+                });
+            }
+            api.remove("pods", &ns, &pod);
+            drop_others(&pod);
+            failed("FailedJobs", "jobset failed due to one or more failed jobs");
+        }
         Scenario::Deadline => {
             failed("DeadlineExceeded", "TrainJob exceeded its active deadline");
             drop_others("");
         }
         Scenario::BadImage | Scenario::Exec => unreachable!(),
     }
+}
+
+/// The node rank in a pod name made by [`run`] (`<job>-node-0-<rank>-<suffix>`).
+fn pods_rank(pod: &str) -> u32 {
+    pod.rsplit('-').nth(1).and_then(|r| r.parse().ok()).unwrap_or(0)
 }
 
 /// The local stand-in for the pods of [`Scenario::Exec`]: every rank's process runs to its end

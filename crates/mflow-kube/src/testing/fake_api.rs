@@ -37,6 +37,8 @@ pub struct Change {
 #[derive(Default)]
 pub struct PodLog {
     pub lines: Vec<String>,
+    /// When each line was written (`timestamps=true`, `sinceTime`).
+    pub times: Vec<k8s_openapi::jiff::Timestamp>,
     pub closed: bool,
 }
 
@@ -56,6 +58,8 @@ pub struct Inner {
     /// `METHOD path` of every request, for assertions.
     pub requests: Vec<String>,
     pub trainer_installed: bool,
+    /// Raised by [`Shared::break_streams`]: streams opened before it end.
+    pub generation: u64,
 }
 
 pub struct Shared {
@@ -125,6 +129,7 @@ fn kind_of(resource: &str) -> (&'static str, &'static str) {
         "trainingruntimes" => ("TrainingRuntime", "trainer.kubeflow.org/v1alpha1"),
         "pods" => ("Pod", "v1"),
         "configmaps" => ("ConfigMap", "v1"),
+        "events" => ("Event", "v1"),
         "persistentvolumeclaims" => ("PersistentVolumeClaim", "v1"),
         "customresourcedefinitions" => ("CustomResourceDefinition", "apiextensions.k8s.io/v1"),
         _ => ("Unknown", "v1"),
@@ -230,7 +235,14 @@ impl Shared {
     pub fn append_log(&self, ns: &str, pod: &str, line: &str) {
         let mut inner = self.inner.lock().unwrap();
         let key = Self::current_log(&mut inner, ns, pod);
-        inner.logs.entry(key).or_default().lines.push(line.into());
+        let log = inner.logs.entry(key).or_default();
+        log.lines.push(line.into());
+        log.times.push(k8s_openapi::jiff::Timestamp::now());
+    }
+
+    /// Ends every open watch and log stream with an error, as a restarting API server does.
+    pub fn break_streams(&self) {
+        self.inner.lock().unwrap().generation += 1;
     }
 
     pub fn close_log(&self, ns: &str, pod: &str) {
@@ -513,12 +525,27 @@ fn invalid_failure(
 pub struct FakeApi {
     pub shared: Arc<Shared>,
     pub addr: SocketAddr,
-    server: tokio::task::JoinHandle<()>,
+    server: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Drop for FakeApi {
     fn drop(&mut self) {
-        self.server.abort();
+        self.stop();
+    }
+}
+
+/// Serves each connection in a task of its own set, so that dropping the set (the server going
+/// down) closes them all.
+async fn serve(listener: tokio::net::TcpListener, app: Router) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let Ok((socket, _)) = listener.accept().await else { continue };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        connections.spawn(async move {
+            let io = hyper_util::rt::TokioIo::new(socket);
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+        });
+        while connections.try_join_next().is_some() {}
     }
 }
 
@@ -543,6 +570,7 @@ impl FakeApi {
                 restarts: HashMap::new(),
                 requests: Vec::new(),
                 trainer_installed: true,
+                generation: 0,
             }),
             changes,
             crds,
@@ -551,10 +579,25 @@ impl FakeApi {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = Router::new().fallback(dispatch).with_state(shared.clone());
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
-        FakeApi { shared, addr, server }
+        let server = tokio::spawn(serve(listener, app));
+        FakeApi { shared, addr, server: Mutex::new(Some(server)) }
+    }
+
+    /// The API server goes down: its port refuses connections and open ones are cut.
+    pub fn stop(&self) {
+        if let Some(server) = self.server.lock().unwrap().take() {
+            server.abort();
+        }
+        self.shared.break_streams();
+    }
+
+    /// The API server comes back on the same address, with the same objects.
+    pub async fn start_again(&self) {
+        self.stop();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let listener = tokio::net::TcpListener::bind(self.addr).await.expect("the fake API server's port is free again");
+        let app = Router::new().fallback(dispatch).with_state(self.shared.clone());
+        *self.server.lock().unwrap() = Some(tokio::spawn(serve(listener, app)));
     }
 
     pub fn url(&self) -> String {
@@ -686,6 +729,16 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         ("get", Some("log")) => pod_log(shared, &target, &query).await,
         ("watch", _) => watch_stream(shared, &target, &query),
         ("list", _) => list(&shared, &target, &query),
+        // A namespace exists when it holds an object (and the ones every cluster has).
+        ("get", _) if target.resource == "namespaces" && target.ns.is_empty() => {
+            let name = target.name.as_deref().unwrap();
+            let held = shared.inner.lock().unwrap().objects.keys().any(|(_, ns, _)| ns == name);
+            if held || ["default", "kube-system", "kube-public"].contains(&name) {
+                respond(StatusCode::OK, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}}))
+            } else {
+                not_found("namespaces", name)
+            }
+        }
         ("get", _) => {
             let name = target.name.as_deref().unwrap();
             match shared.get(&target.resource, &target.ns, name) {
@@ -729,16 +782,6 @@ fn access_review(shared: &Shared, body: &Bytes) -> Response {
     let allowed = Shared::is_allowed(&shared.inner.lock().unwrap(), &verb, &resource);
     review["status"] = json!({"allowed": allowed});
     review["apiVersion"] = json!("authorization.k8s.io/v1");
-        // A namespace exists when it holds an object (and the ones every cluster has).
-        ("get", _) if target.resource == "namespaces" && target.ns.is_empty() => {
-            let name = target.name.as_deref().unwrap();
-            let held = shared.inner.lock().unwrap().objects.keys().any(|(_, ns, _)| ns == name);
-            if held || ["default", "kube-system", "kube-public"].contains(&name) {
-                respond(StatusCode::OK, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}}))
-            } else {
-                not_found("namespaces", name)
-            }
-        }
     review["kind"] = json!("SelfSubjectAccessReview");
     respond(StatusCode::CREATED, review)
 }
@@ -909,6 +952,7 @@ fn watch_stream(shared: Arc<Shared>, target: &Target, query: &HashMap<String, St
     };
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     let query = query.clone();
+    let generation = shared.inner.lock().unwrap().generation;
     tokio::spawn(async move {
         let line = |kind: &str, obj: &Value| Bytes::from(format!("{}\n", json!({"type": kind, "object": obj})));
         for (kind, obj) in backlog {
@@ -918,9 +962,16 @@ fn watch_stream(shared: Arc<Shared>, target: &Target, query: &HashMap<String, St
         }
         let deadline = tokio::time::sleep(Duration::from_secs(timeout));
         tokio::pin!(deadline);
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
         loop {
             tokio::select! {
                 _ = &mut deadline => return,
+                _ = tick.tick() => {
+                    if shared.inner.lock().unwrap().generation != generation {
+                        let _ = tx.send(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "API server going down"))).await;
+                        return;
+                    }
+                }
                 change = changes.recv() => match change {
                     Ok(c) if c.resource == resource && c.ns == ns && selected(&c.object, &query) => {
                         if tx.send(Ok(line(c.kind, &c.object))).await.is_err() { return; }
@@ -943,37 +994,64 @@ async fn pod_log(shared: Arc<Shared>, target: &Target, query: &HashMap<String, S
     let name = target.name.clone().unwrap_or_default();
     let Some(pod) = shared.get("pods", &target.ns, &name) else { return not_found("pods", &name) };
     let container = query.get("container").cloned().unwrap_or_else(|| "node".into());
+    let flag = |k: &str| matches!(query.get(k).map(String::as_str), Some("true" | "1"));
+    let (follow, previous, timestamps) = (flag("follow"), flag("previous"), flag("timestamps"));
+    let bad = |msg: String| respond(StatusCode::BAD_REQUEST, status_body(StatusCode::BAD_REQUEST, "BadRequest", &msg));
     let statuses = pod["status"]["containerStatuses"].as_array().cloned().unwrap_or_default();
     let Some(status) = statuses.iter().find(|s| s["name"] == container.as_str()) else {
-        let msg = format!("container {container} is not valid for pod {name}");
-        return respond(StatusCode::BAD_REQUEST, status_body(StatusCode::BAD_REQUEST, "BadRequest", &msg));
+        return bad(format!("container {container} is not valid for pod {name}"));
     };
-    if status["state"].get("running").is_none() && status["state"].get("terminated").is_none() {
+    if !previous && status["state"].get("running").is_none() && status["state"].get("terminated").is_none() {
         let why = status["state"]["waiting"]["reason"].as_str().unwrap_or("ContainerCreating");
-        let msg = format!("container \"{container}\" in pod \"{name}\" is waiting to start: {why}");
-        return respond(StatusCode::BAD_REQUEST, status_body(StatusCode::BAD_REQUEST, "BadRequest", &msg));
+        return bad(format!("container \"{container}\" in pod \"{name}\" is waiting to start: {why}"));
     }
-    let follow = matches!(query.get("follow").map(String::as_str), Some("true" | "1"));
+    // Like the API server: sinceTime in whole seconds.
+    let since = match query.get("sinceTime").map(|t| t.parse::<k8s_openapi::jiff::Timestamp>()) {
+        None => None,
+        Some(Ok(t)) if t.subsec_nanosecond() == 0 => Some(t),
+        Some(_) => return bad(format!("sinceTime must be RFC 3339 in whole seconds: {:?}", query["sinceTime"])),
+    };
     // Like the kubelet: the log of the container instance running when the request came in.
-    let restarts = shared.inner.lock().unwrap().restarts.get(&(target.ns.clone(), name.clone())).copied().unwrap_or(0);
+    let (restarts, generation) = {
+        let inner = shared.inner.lock().unwrap();
+        (inner.restarts.get(&(target.ns.clone(), name.clone())).copied().unwrap_or(0), inner.generation)
+    };
+    let restarts = match (previous, restarts) {
+        (false, r) => r,
+        (true, 0) => return bad(format!("previous terminated container \"{container}\" in pod \"{name}\" not found")),
+        (true, r) => r - 1,
+    };
     let key = (target.ns.clone(), name, restarts);
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     tokio::spawn(async move {
         let mut sent = 0;
         loop {
-            let (lines, closed) = {
+            let (lines, closed, broken) = {
                 let inner = shared.inner.lock().unwrap();
+                let broken = inner.generation != generation;
                 match inner.logs.get(&key) {
-                    Some(log) => (log.lines[sent..].to_vec(), log.closed),
-                    None => (Vec::new(), false),
+                    Some(log) => {
+                        let lines: Vec<(k8s_openapi::jiff::Timestamp, String)> =
+                            log.times[sent..].iter().copied().zip(log.lines[sent..].iter().cloned()).collect();
+                        (lines, log.closed || previous, broken)
+                    }
+                    None => (Vec::new(), previous, broken),
                 }
             };
-            for line in &lines {
-                if tx.send(Ok(Bytes::from(format!("{line}\n")))).await.is_err() {
+            if broken {
+                let _ = tx.send(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "API server going down"))).await;
+                return;
+            }
+            for (time, line) in &lines {
+                sent += 1;
+                if since.is_some_and(|s| *time < s) {
+                    continue;
+                }
+                let text = if timestamps { format!("{time} {line}\n") } else { format!("{line}\n") };
+                if tx.send(Ok(Bytes::from(text))).await.is_err() {
                     return;
                 }
             }
-            sent += lines.len();
             let gone = shared.get("pods", &key.0, &key.1).is_none();
             if !follow || closed || gone {
                 return;
