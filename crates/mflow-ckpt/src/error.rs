@@ -56,6 +56,10 @@ pub enum CkptError {
     #[diagnostic(code(mflow::ckpt::unexpected_tensor), help("the weights do not match config.json (another architecture or option such as biases); mflow refuses to drop weights silently"))]
     UnexpectedTensor { file: String, tensor: String },
 
+    #[error("tensor `{}` is held twice: in {first} and in {second}", excerpt(.tensor))]
+    #[diagnostic(code(mflow::ckpt::ambiguous_tensor), help("{help}"))]
+    Ambiguous { tensor: String, first: String, second: String, help: String },
+
     #[error("{file}: tensor `{}` has shape {} but {expected:?} was expected from {reason}", excerpt(.tensor), excerpt_of(&format_args!("{:?}", .found)))]
     #[diagnostic(code(mflow::ckpt::shape), help("config.json and the weights disagree; fix config.json or use the weights it was written for"))]
     Shape { file: String, tensor: String, found: Vec<u64>, expected: Vec<u64>, reason: String },

@@ -1,7 +1,7 @@
 //! Hugging Face model directories: reading config.json and the safetensors weights (single file
 //! or sharded with model.safetensors.index.json), and checking them against each other.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
@@ -12,7 +12,7 @@ use crate::error::{io, CkptError};
 use crate::layout::hf_tensors;
 use crate::shape::{from_hf_config, Architecture, ModelShape};
 use crate::st::StFile;
-use crate::untrusted::{copy_inside, excerpt_of, read_bounded, resolve_inside};
+use crate::untrusted::{copy_inside, excerpt, excerpt_of, read_bounded, resolve_inside};
 use crate::writer::Sources;
 
 /// Largest JSON document read (config.json, the index, the manifest): real ones are kilobytes,
@@ -63,6 +63,11 @@ pub fn read_config(dir: &Path) -> Result<(Value, ModelShape), CkptError> {
 
 /// Weight files of a model directory (relative names), refusing pickles.
 pub fn weight_files(dir: &Path) -> Result<Vec<String>, CkptError> {
+    Ok(weight_map(dir)?.0)
+}
+
+/// The weight files, and for a sharded model the file its index names for each tensor.
+fn weight_map(dir: &Path) -> Result<(Vec<String>, HashMap<String, String>), CkptError> {
     let index = dir.join(INDEX);
     if index.exists() {
         let v = read_json_in(dir, INDEX)?;
@@ -73,6 +78,7 @@ pub fn weight_files(dir: &Path) -> Result<Vec<String>, CkptError> {
             help: "regenerate the index with transformers' save_pretrained".into(),
         })?;
         let mut files = BTreeSet::new();
+        let mut named = HashMap::with_capacity(map.len());
         for (tensor, f) in map {
             let name = f.as_str().filter(|n| is_plain_name(n) && n.ends_with(".safetensors")).ok_or_else(|| CkptError::Config {
                 file: index.display().to_string(),
@@ -81,11 +87,12 @@ pub fn weight_files(dir: &Path) -> Result<Vec<String>, CkptError> {
                 help: "entries must be plain file names such as model-00001-of-00002.safetensors".into(),
             })?;
             files.insert(name.to_string());
+            named.insert(tensor.clone(), name.to_string());
         }
-        return Ok(files.into_iter().collect());
+        return Ok((files.into_iter().collect(), named));
     }
     if dir.join("model.safetensors").exists() {
-        return Ok(vec!["model.safetensors".into()]);
+        return Ok((vec!["model.safetensors".into()], HashMap::new()));
     }
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let name = entry.map_err(io(dir))?.file_name().to_string_lossy().into_owned();
@@ -119,7 +126,7 @@ fn canonical(shape: &ModelShape, name: &str) -> String {
 
 pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
     let (config, shape) = read_config(dir)?;
-    let files = weight_files(dir)?;
+    let (files, named) = weight_map(dir)?;
     let opened: Vec<StFile> = files
         .par_iter()
         .map(|f| {
@@ -135,7 +142,10 @@ pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
             if ignorable(&shape, name) {
                 continue;
             }
-            sources.index.insert(canonical(&shape, name), (i, name.clone()));
+            let key = canonical(&shape, name);
+            if let Some((j, other)) = sources.index.insert(key.clone(), (i, name.clone())) {
+                return Err(ambiguous(dir, &key, (&files[j], &other), (&files[i], name), &named));
+            }
         }
     }
     sources.files = opened;
@@ -144,6 +154,21 @@ pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
     let expected = hf_tensors(&shape);
     let dtype = check_tensors(&sources, &expected, &weights_label, &dir.join("config.json").display().to_string())?;
     Ok(HfModel { dir: dir.to_path_buf(), config, shape, dtype, sources })
+}
+
+/// A weight held twice (in two files, or under two spellings of its name in one): which copy
+/// to take is not mflow's guess to make.
+fn ambiguous(dir: &Path, key: &str, first: (&String, &String), second: (&String, &String), named: &HashMap<String, String>) -> CkptError {
+    let at = |(file, name): (&String, &String)| {
+        let path = dir.join(file).display().to_string();
+        if name == key { path } else { format!("{path} (as `{}`)", excerpt(name)) }
+    };
+    let index = [first.1, second.1].into_iter().find_map(|n| named.get(n));
+    let help = match index {
+        Some(file) => format!("{INDEX} names {file} for it; remove the other copy, or save the model again with save_pretrained"),
+        None => "remove one of the copies, or save the model again with transformers' save_pretrained".into(),
+    };
+    CkptError::Ambiguous { tensor: key.to_string(), first: at(first), second: at(second), help }
 }
 
 /// The layer index of a canonical Hugging Face tensor name, if it is a layer tensor.

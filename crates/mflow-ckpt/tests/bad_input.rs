@@ -236,3 +236,69 @@ fn existing_destination_is_not_overwritten() {
     assert_eq!(std::fs::read(dst.join("keep.txt")).unwrap(), b"mine");
     insta::assert_snapshot!(render(&err, tmp.path()));
 }
+
+/// Rewrites model.safetensors of `dir` as `name`, with the tensors `extra` gives (new name, copy of).
+fn write_weights(dir: &Path, name: &str, extra: &[(&str, &str)]) {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::tensor::TensorView)> = st.tensors();
+    for (new, of) in extra {
+        tensors.push((new.to_string(), st.tensor(of).unwrap()));
+    }
+    let out = safetensors::serialize(tensors, &None).unwrap();
+    std::fs::write(dir.join(name), out).unwrap();
+}
+
+#[test]
+fn a_tensor_in_two_files_of_a_sharded_model_is_refused_naming_both() {
+    let (tmp, dir) = model();
+    let names: Vec<String> = {
+        let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+        safetensors::SafeTensors::deserialize(&bytes).unwrap().names().into_iter().map(String::from).collect()
+    };
+    // Both shards hold every tensor; the index names the second for one of them only.
+    write_weights(&dir, "model-00001-of-00002.safetensors", &[]);
+    write_weights(&dir, "model-00002-of-00002.safetensors", &[]);
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let mut map = serde_json::Map::new();
+    for (i, n) in names.iter().enumerate() {
+        let file = if i == 0 { "model-00002-of-00002.safetensors" } else { "model-00001-of-00002.safetensors" };
+        map.insert(n.clone(), Value::String(file.into()));
+    }
+    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+    let out = convert_fails(tmp.path(), &dir, 2, 1);
+    assert!(out.starts_with("mflow::ckpt::ambiguous_tensor\n"), "{out}");
+    assert!(out.contains("is held twice: in [TMP]/hf/model-00001-of-00002.safetensors and in [TMP]/hf/model-00002-of-00002.safetensors"), "{out}");
+    assert!(out.contains("model.safetensors.index.json names model-0000"), "{out}");
+}
+
+#[test]
+fn a_gpt2_tensor_under_both_spellings_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("hf");
+    presets::write(&presets::preset("gpt2-tiny").unwrap(), &dir, 0).unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let full = safetensors::SafeTensors::deserialize(&bytes).unwrap().names().into_iter().find(|n| n.starts_with("transformer.h.0.")).unwrap().to_string();
+    let short = full.trim_start_matches("transformer.").to_string();
+    write_weights(&dir, "model.safetensors.new", &[(&short, &full)]);
+    std::fs::rename(dir.join("model.safetensors.new"), dir.join("model.safetensors")).unwrap();
+    let out = convert_fails(tmp.path(), &dir, 1, 1);
+    assert!(out.starts_with("mflow::ckpt::ambiguous_tensor\n"), "{out}");
+    assert!(out.contains(&format!("tensor `{full}` is held twice")), "{out}");
+    assert!(out.contains(&format!("(as `{short}`)")), "{out}");
+}
+
+#[test]
+fn a_rank_listed_twice_in_a_shards_manifest_is_refused() {
+    let (tmp, dir) = model();
+    let shards = tmp.path().join("shards");
+    convert(&dir, &shards, 2, 1, None).unwrap();
+    let path = shards.join("mflow-checkpoint.json");
+    let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let first = m["files"][0].clone();
+    m["files"][1] = first;
+    std::fs::write(&path, m.to_string()).unwrap();
+    let err = export(&shards, &tmp.path().join("back")).unwrap_err();
+    let out = render(&err, tmp.path());
+    assert!(out.contains("mflow-checkpoint.json: `files`: must list each of the 2 (tp, pp) ranks exactly once"), "{out}");
+}
