@@ -448,8 +448,14 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
                 return Err(Error::usage(format!("invalid stage name `{stage}`"), "give a stage name from the spec"));
             }
             let dir = record::runs_dir(&workdir).join(&id).join("stages").join(&stage);
-            let r = record::load(&workdir, &id);
-            let n = r.as_ref().and_then(|r| r.stages.get(&stage)).map(|s| s.attempts.len()).unwrap_or(0);
+            let attempts = || record::load(&workdir, &id).map(|r| (r.stages.get(&stage).map(|s| s.attempts.len()).unwrap_or(0), r.status));
+            let mut seen = attempts();
+            // Followed while the run goes on: the stage's first attempt may not be recorded yet.
+            while follow && matches!(seen, Some((0, record::RunStatus::Running))) {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+                seen = attempts();
+            }
+            let n = seen.map(|(n, _)| n).unwrap_or(0);
             if n == 0 {
                 return Err(Error::usage(format!("stage `{stage}` has no log in run {id}"), "cached stages have no log; see `mflow status`"));
             }

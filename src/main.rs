@@ -18,6 +18,11 @@ fn main() {
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).without_time().init();
     }
     tracing::debug!("started");
+    // Names in messages (users, namespaces, pods, commands to copy) are never broken at their
+    // hyphens, nor long paths and URLs inside.
+    let _ = miette::set_hook(Box::new(|_| {
+        Box::new(miette::MietteHandlerOpts::new().word_splitter(textwrap::WordSplitter::NoHyphenation).break_words(false).build())
+    }));
     let code = match mflow::cli::main(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -56,7 +56,7 @@ fn renders_valid_objects() {
         ]
     );
     let rb: RoleBinding = typed(&docs[2]);
-    assert_eq!(rb.role_ref.name, "mflow-nightly-gpt");
+    assert_eq!(rb.role_ref.name, "mflow-nightly-gpt-6e31823f");
     assert_eq!(rb.subjects.unwrap()[0].name, "mflow-nightly");
     let cr: ClusterRole = typed(&docs[3]);
     assert_eq!(cr.rules.unwrap()[0].verbs, ["get", "list"], "cluster-wide access is read-only");
@@ -74,11 +74,11 @@ fn renders_valid_objects() {
     assert_eq!(pod.service_account_name.as_deref(), Some("mflow-nightly"));
     assert_eq!(pod.containers[0].image.as_deref(), Some("registry.example.com/mflow:0.1.0"));
     let script = &pod.containers[0].command.as_ref().unwrap()[2];
-    assert!(script.contains("exec mflow run spec.toml --junit"), "{script}");
+    assert!(script.contains("exec mflow run \"./$PIPELINE_SPEC\" --junit"), "{script}");
     assert!(script.contains("--report"), "{script}");
     let vols = pod.volumes.unwrap();
     assert_eq!(vols[0].persistent_volume_claim.as_ref().unwrap().claim_name, "team-artifacts");
-    assert_eq!(vols[1].config_map.as_ref().unwrap().name, "mflow-nightly-gpt-spec");
+    assert_eq!(vols[1].config_map.as_ref().unwrap().name, "mflow-nightly-gpt-6e31823f-spec");
 
     insta::assert_snapshot!("ci_schedule_render", yaml);
 }
@@ -156,12 +156,12 @@ fn apply_uses_server_side_apply_for_every_object() {
         paths,
         [
             "/api/v1/namespaces/ml/serviceaccounts/mflow-nightly",
-            "/apis/rbac.authorization.k8s.io/v1/namespaces/ml/roles/mflow-nightly-gpt",
-            "/apis/rbac.authorization.k8s.io/v1/namespaces/ml/rolebindings/mflow-nightly-gpt",
-            "/apis/rbac.authorization.k8s.io/v1/clusterroles/mflow-nightly-gpt-ml",
-            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/mflow-nightly-gpt-ml",
-            "/api/v1/namespaces/ml/configmaps/mflow-nightly-gpt-spec",
-            "/apis/batch/v1/namespaces/ml/cronjobs/mflow-nightly-gpt",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/ml/roles/mflow-nightly-gpt-6e31823f",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/ml/rolebindings/mflow-nightly-gpt-6e31823f",
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles/mflow-nightly-gpt-6e31823f-ml",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/mflow-nightly-gpt-6e31823f-ml",
+            "/api/v1/namespaces/ml/configmaps/mflow-nightly-gpt-6e31823f-spec",
+            "/apis/batch/v1/namespaces/ml/cronjobs/mflow-nightly-gpt-6e31823f",
         ]
     );
     for (method, target, ctype) in &requests {
@@ -169,5 +169,108 @@ fn apply_uses_server_side_apply_for_every_object() {
         assert!(target.contains("fieldManager=mflow") && target.contains("force=true"), "{target}");
         assert_eq!(ctype, "application/apply-patch+yaml");
     }
-    assert!(stdout(&o).contains("applied cronjob/mflow-nightly-gpt (namespace ml)"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("applied cronjob/mflow-nightly-gpt-6e31823f (namespace ml)"), "{}", stdout(&o));
+}
+
+/// The CronJob of a rendered schedule.
+fn cron_job(p: &Project, spec: &str) -> CronJob {
+    let o = p.mflow(&["schedule", "render", spec]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let docs = docs(&stdout(&o));
+    typed(docs.iter().find(|d| d["kind"] == "CronJob").unwrap())
+}
+
+#[test]
+fn a_spec_file_name_is_data_in_the_pods_script_never_shell() {
+    let p = Project::new(include_str!("fixtures/ci/scheduled.toml"));
+    for name in ["a;touch${IFS}PWNED;.toml", "my nightly spec.toml", "$(touch PWNED).toml"] {
+        std::fs::copy(p.file("spec.toml"), p.file(name)).unwrap();
+        let pod = cron_job(&p, name).spec.job_template.spec.unwrap().template.spec.unwrap();
+        let c = &pod.containers[0];
+        let env: std::collections::BTreeMap<String, String> = c.env.clone().unwrap().into_iter().map(|e| (e.name, e.value.unwrap_or_default())).collect();
+        assert_eq!(env["PIPELINE_SPEC"], name);
+        let script = &c.command.as_ref().unwrap()[2];
+        assert!(!script.contains(name), "{script}");
+        // The script as the pod's shell runs it: the mounts in a scratch directory, and an
+        // `mflow` that records its arguments.
+        let root = tempfile::tempdir().unwrap();
+        let (mount, dir, bin) = (root.path().join("etc-mflow"), root.path().join("pipelines/x"), root.path().join("bin"));
+        std::fs::create_dir_all(&mount).unwrap();
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(mount.join("spec.toml"), "spec").unwrap();
+        std::fs::write(bin.join("mflow"), "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > \"$ARGS\"\n").unwrap();
+        std::process::Command::new("chmod").arg("+x").arg(bin.join("mflow")).status().unwrap();
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script.replace("/etc/mflow/", &format!("{}/", mount.display())))
+            .current_dir(root.path())
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .env("PIPELINE_DIR", &dir)
+            .env("PIPELINE_SPEC", name)
+            .env("ARGS", root.path().join("args"))
+            .status()
+            .unwrap();
+        assert!(status.success(), "{name}: {script}");
+        assert_eq!(std::fs::read_to_string(dir.join(name)).unwrap(), "spec", "{name}");
+        let args = std::fs::read_to_string(root.path().join("args")).unwrap();
+        assert_eq!(args.lines().take(2).collect::<Vec<_>>(), ["run", &format!("./{name}")], "{name}");
+        let left: Vec<_> = walk(root.path()).into_iter().filter(|f| f == "PWNED").collect();
+        assert!(left.is_empty(), "{name}: the shell ran part of the name: {left:?}");
+        assert!(!p.file("PWNED").exists());
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        }
+        out.push(path.file_name().unwrap().to_string_lossy().into_owned());
+    }
+    out
+}
+
+#[test]
+fn pipelines_whose_names_differ_get_their_own_objects() {
+    let fixture = include_str!("fixtures/ci/scheduled.toml");
+    let long = "a".repeat(60);
+    let pairs = [("nightly_eval", "Nightly-Eval"), (&*format!("{long}x"), &*format!("{long}y"))];
+    for (a, b) in pairs {
+        let name = |pipeline: &str| {
+            let p = Project::new(&fixture.replace("Nightly_GPT", pipeline));
+            let cj = cron_job(&p, "spec.toml");
+            let n = cj.metadata.name.unwrap();
+            assert!(n.len() <= 52 && n.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'), "{n}");
+            let env = cj.spec.job_template.spec.unwrap().template.spec.unwrap().containers[0].env.clone().unwrap();
+            let dir = env.into_iter().find(|e| e.name == "PIPELINE_DIR").unwrap().value.unwrap();
+            (n, dir)
+        };
+        let (na, da) = name(a);
+        let (nb, db) = name(b);
+        assert_ne!(na, nb, "{a} and {b}");
+        assert_ne!(da, db, "{a} and {b}");
+    }
+    // A name Kubernetes takes as it is stays as it is.
+    let p = Project::new(&fixture.replace("Nightly_GPT", "nightly-gpt"));
+    assert_eq!(cron_job(&p, "spec.toml").metadata.name.as_deref(), Some("mflow-nightly-gpt"));
+}
+
+#[test]
+fn names_kubernetes_refuses_are_refused_at_render() {
+    let fixture = include_str!("fixtures/ci/scheduled.toml");
+    for (from, to, why) in [
+        ("service_account = \"mflow-nightly\"", "service_account = \"Mflow_Nightly\"", "service account \"Mflow_Nightly\""),
+        ("namespace = \"ml\"", "namespace = \"ML team\"", "namespace \"ML team\""),
+    ] {
+        let p = Project::new(&fixture.replace(from, to));
+        let o = p.mflow(&["schedule", "render", "spec.toml"]);
+        assert_eq!(code(&o), 2, "{to}: {}", stdout(&o));
+        assert!(stderr(&o).contains(why), "{to}: {}", stderr(&o));
+    }
+    let p = Project::new(fixture);
+    let o = p.mflow(&["schedule", "render", "spec.toml", "--namespace", &"n".repeat(64)]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("Kubernetes allows at most 63"), "{}", stderr(&o));
 }

@@ -113,6 +113,7 @@ fn requested_gpus_are_what_the_choice_counts() {
     let spec = format!("{}\n[stages.train.resources]\ngpus = 1\n", TRAIN);
     let path = dir.path().join("spec.toml");
     std::fs::write(&path, &spec).unwrap();
+    inputs_of_train(dir.path());
     let spec = mflow::spec::parse(&path, &spec, &[]).unwrap();
     let env = mflow::env::Environment::detect(None).with_gpus(vec!["0".into(), "1".into()]);
     let plan = mflow::plan::build(spec, &env).unwrap();
@@ -151,12 +152,22 @@ tp = 2
 iterations = 1
 "#;
 
+/// The shards and dataset directories TRAIN names: a stage's path parameters are read, and
+/// hashed into its key, at plan time.
+fn inputs_of_train(dir: &Path) {
+    for d in ["shards", "data"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+        std::fs::write(dir.join(d).join("stand-in"), d).unwrap();
+    }
+}
+
 /// A run on one GPU prints the choice when the stage starts, records it, and runs the
 /// reference engine's ranks with the GPU hidden (gloo on CPU). Doctor's probe then gets the
 /// same PYTHONPATH as that stage.
 #[test]
 fn a_run_records_the_engine_and_doctor_sees_the_stages_environment() {
     let p = Project::new(TRAIN);
+    inputs_of_train(p.path());
     let py = fake_python(&p);
     let site = p.file("site");
     let with = |c: &mut Command| {

@@ -49,12 +49,35 @@ fn to_yaml<T: serde::Serialize>(v: &T) -> String {
     serde_yaml::to_string(v).expect("Kubernetes objects serialize")
 }
 
-/// A DNS-1123 label from the pipeline name, short enough for a CronJob (52 characters).
+/// Longest name of the schedule's objects: a CronJob's name leaves 11 characters for the Jobs
+/// it makes.
+const MAX_OBJECT_NAME: usize = 52;
+
+/// A DNS-1123 label from the pipeline name, short enough for a CronJob. A name that had to be
+/// changed (case, characters, length) gets a hash of the original, so that two pipelines never
+/// share objects or a directory on the volume.
 pub fn object_name(pipeline: &str) -> String {
-    let mut s: String = pipeline.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
-    s = format!("mflow-{s}");
-    s.truncate(52);
-    s.trim_end_matches('-').to_string()
+    let plain = format!("mflow-{pipeline}");
+    if plain.len() <= MAX_OBJECT_NAME && mflow_kube::is_rfc1035_label(&plain) {
+        return plain;
+    }
+    let cleaned: String = pipeline.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let hash = &blake3::hash(pipeline.as_bytes()).to_hex()[..8];
+    let mut head = format!("mflow-{cleaned}");
+    head.truncate(MAX_OBJECT_NAME - 1 - hash.len());
+    format!("{}-{hash}", head.trim_end_matches('-'))
+}
+
+/// The ConfigMap key of the spec: the user's file name may hold characters a key may not.
+const SPEC_KEY: &str = "spec.toml";
+
+fn names_kubernetes_takes(namespace: &str, service_account: &str) -> Result<(), CiError> {
+    let refused = |e: mflow_kube::KubeError| {
+        let help = miette::Diagnostic::help(&e).map(|h| h.to_string()).unwrap_or_default();
+        CiError::Schedule { message: e.to_string(), help }
+    };
+    mflow_kube::check_namespace(namespace).map_err(refused)?;
+    mflow_kube::check_service_account(service_account).map_err(refused)
 }
 
 pub fn render(spec: &Spec, namespace: &str) -> Result<Objects, CiError> {
@@ -66,6 +89,7 @@ pub fn render(spec: &Spec, namespace: &str) -> Result<Objects, CiError> {
         jiff::tz::TimeZone::get(tz).map_err(|_| CiError::Schedule { message: format!("timezone `{tz}` is not an IANA time zone"), help: "use a name like \"Europe/Berlin\" or \"UTC\"".into() })?;
     }
     let service_account = str_of(sched, "service_account").unwrap_or_else(|| "mflow".into());
+    names_kubernetes_takes(namespace, &service_account)?;
     let deadline = match str_of(sched, "starting_deadline") {
         Some(d) => humantime::parse_duration(&d).map_err(|e| CiError::Schedule { message: format!("starting_deadline `{d}`: {e}"), help: "write a duration such as \"1h\"".into() })?.as_secs() as i64,
         None => 3600,
@@ -111,7 +135,7 @@ pub fn render(spec: &Spec, namespace: &str) -> Result<Objects, CiError> {
         role_ref: RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: "ClusterRole".into(), name: cluster_name.clone() },
         subjects: Some(vec![subject]),
     };
-    let config_map = ConfigMap { metadata: meta(&format!("{name}-spec"), true), data: Some([(file.clone(), spec.source.to_string())].into_iter().collect()), ..Default::default() };
+    let config_map = ConfigMap { metadata: meta(&format!("{name}-spec"), true), data: Some([(SPEC_KEY.to_string(), spec.source.to_string())].into_iter().collect()), ..Default::default() };
 
     // The spec is copied onto the PVC so that its relative workdir and inputs live there; the
     // report and JUnit file of the latest run are written next to it.
@@ -119,14 +143,17 @@ pub fn render(spec: &Spec, namespace: &str) -> Result<Objects, CiError> {
     // `exec`: mflow becomes the container's main process, so the SIGTERM of a deadline, a
     // drain or an eviction reaches it; it then records the run, writes the JUnit file and the
     // report, and leaves its TrainJobs running for the next scheduled run to reattach to.
+    // The names reach the script as variables, quoted where used: a spec's file name is data,
+    // never shell syntax.
     let script = format!(
-        "set -eu\nmkdir -p {dir}\ncp {SPEC_MOUNT}/{file} {dir}/{file}\ncd {dir}\nexec mflow run {file} --junit {dir}/junit.xml --report {dir}/report.html\n"
+        "set -eu\nmkdir -p \"$PIPELINE_DIR\"\ncp {SPEC_MOUNT}/{SPEC_KEY} \"$PIPELINE_DIR/$PIPELINE_SPEC\"\ncd \"$PIPELINE_DIR\"\nexec mflow run \"./$PIPELINE_SPEC\" --junit junit.xml --report report.html\n"
     );
+    let var = |name: &str, value: &str| EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() };
     let container = Container {
         name: "mflow".into(),
         image: Some(image),
         command: Some(vec!["sh".into(), "-c".into(), script]),
-        env: Some(vec![EnvVar { name: "CI".into(), value: Some("true".into()), ..Default::default() }]),
+        env: Some(vec![var("CI", "true"), var("PIPELINE_DIR", &dir), var("PIPELINE_SPEC", &file)]),
         volume_mounts: Some(vec![
             VolumeMount { name: "artifacts".into(), mount_path: ARTIFACTS.into(), ..Default::default() },
             VolumeMount { name: "spec".into(), mount_path: SPEC_MOUNT.into(), read_only: Some(true), ..Default::default() },

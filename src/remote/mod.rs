@@ -191,7 +191,7 @@ pub async fn run(plan: Plan, args: &RunArgs, detach: bool, mode: Mode) -> Result
 async fn upload(bundle: &Bundle, client: kube::Client, namespace: &str, pvc: &str, image: &str, host_network: bool) -> Result<(), RemoteError> {
     let pod = VolumePod::ensure(client, namespace, pvc, image, host_network).await?;
     check_image(&pod, image).await?;
-    let probe = pod.sh(&bundle.probe_script(), None).await?;
+    let probe = pod.quick(&bundle.probe_script()).await?;
     let listed = String::from_utf8_lossy(&probe.stdout).to_string();
     let mut lines = listed.lines().peekable();
     if lines.peek() == Some(&"tree") {
@@ -236,7 +236,7 @@ async fn upload(bundle: &Bundle, client: kube::Client, namespace: &str, pvc: &st
 /// The driver runs the image's mflow: one that is missing fails here, before anything is
 /// sent; another version than this one is said, since the run is the image's.
 async fn check_image(pod: &VolumePod, image: &str) -> Result<(), RemoteError> {
-    let out = pod.sh("exec mflow --version", None).await?;
+    let out = pod.quick("exec mflow --version").await?;
     let theirs = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.success || !theirs.starts_with("mflow ") {
         return Err(RemoteError::NotMflowImage { image: image.to_string(), message: if out.stderr.is_empty() { theirs } else { out.stderr } });

@@ -134,7 +134,7 @@ impl Records {
     }
 
     async fn runs(&self) -> Result<Vec<RunLine>, RemoteError> {
-        let out = self.pod.sh(&format!("exec mflow --log-format json runs --workdir {}", quoted(&self.workdir)), None).await?;
+        let out = self.pod.quick(&format!("exec mflow --log-format json runs --workdir {}", quoted(&self.workdir))).await?;
         if !out.success {
             return Err(RemoteError::Receive { message: format!("`mflow runs` in the volume pod failed: {}", out.stderr) });
         }

@@ -25,6 +25,10 @@ pub struct VolumePod {
 }
 
 /// What a command in the pod printed, and how it ended.
+/// How long a command that answers at once may take, and how often it is asked.
+const QUICK_EXEC: Duration = Duration::from_secs(30);
+const QUICK_EXEC_ATTEMPTS: u32 = 3;
+
 pub struct Output {
     pub stdout: Vec<u8>,
     pub stderr: String,
@@ -142,17 +146,38 @@ impl VolumePod {
     /// written by the callback from a blocking thread (a tar stream is written with
     /// `std::io::Write`).
     pub async fn sh(&self, script: &str, stdin: Option<Writer>) -> Result<Output, RemoteError> {
-        let collected = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = collected.clone();
-        let read: Reader = Box::new(move |r: &mut dyn std::io::Read| r.read_to_end(&mut sink.lock().unwrap()).map(|_| ()));
+        let (read, collected) = collector();
         let mut out = self.sh_into(script, stdin, read).await?;
         out.stdout = std::mem::take(&mut *collected.lock().unwrap());
         Ok(out)
     }
 
+    /// `sh` of a command that answers at once (a version, a listing). An exec whose stream the
+    /// node dropped as it opened is never closed towards mflow (seen right after a pod started),
+    /// so an answer that does not come within [`QUICK_EXEC`] is asked for again, twice at most.
+    pub async fn quick(&self, script: &str) -> Result<Output, RemoteError> {
+        for attempt in 1..=QUICK_EXEC_ATTEMPTS {
+            let (read, collected) = collector();
+            if let Some(mut out) = self.exec(script, None, read, Some(QUICK_EXEC)).await? {
+                out.stdout = std::mem::take(&mut *collected.lock().unwrap());
+                return Ok(out);
+            }
+            tracing::debug!(pod = %self.name, attempt, "no answer from an exec; asking again");
+        }
+        Err(RemoteError::Kube {
+            what: format!("exec in the volume pod {}", self.name),
+            message: format!("no answer within {}s, {QUICK_EXEC_ATTEMPTS} times (the node did not run the command)", QUICK_EXEC.as_secs()),
+        })
+    }
+
     /// `sh`, with stdout handed to `stdout` as it comes, on a blocking thread: a log that is
     /// followed, a tar stream that is unpacked. When `stdout` returns early the stream is closed.
     pub async fn sh_into(&self, script: &str, stdin: Option<Writer>, stdout: Reader) -> Result<Output, RemoteError> {
+        Ok(self.exec(script, stdin, stdout, None).await?.expect("no deadline"))
+    }
+
+    /// The exec behind `sh`: `None` when `deadline` passed first (the command is stopped).
+    async fn exec(&self, script: &str, stdin: Option<Writer>, stdout: Reader, deadline: Option<Duration>) -> Result<Option<Output>, RemoteError> {
         let ap = AttachParams::default().container("volume").stdin(stdin.is_some()).stdout(true).stderr(true);
         let mut proc = self
             .pods
@@ -187,7 +212,18 @@ impl VolumePod {
             let _ = (&mut stderr).take(1 << 20).read_to_end(&mut b).await;
             b
         };
-        let (read, err) = tokio::join!(reader, err);
+        let ended = async { tokio::join!(reader, err) };
+        let (read, err) = match deadline {
+            None => ended.await,
+            Some(d) => match tokio::time::timeout(d, ended).await {
+                Ok(both) => both,
+                Err(_) => {
+                    // Ends the streams, and with them the blocking reader.
+                    proc.abort();
+                    return Ok(None);
+                }
+            },
+        };
         let read = read.map_err(|e| std::io::Error::other(e.to_string())).and_then(|r| r);
         let sent = match writer {
             Some(h) => h.await.map_err(|e| std::io::Error::other(e.to_string())).and_then(|r| r),
@@ -208,8 +244,15 @@ impl VolumePod {
             return Err(RemoteError::Stream { message: with_stderr(e) });
         }
         let success = st.as_ref().is_some_and(|s| s.status.as_deref() == Some("Success"));
-        Ok(Output { stdout: Vec::new(), stderr, success })
+        Ok(Some(Output { stdout: Vec::new(), stderr, success }))
     }
+}
+
+/// A reader that keeps what a command prints, and where it keeps it.
+fn collector() -> (Reader, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    let collected = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = collected.clone();
+    (Box::new(move |r: &mut dyn std::io::Read| r.read_to_end(&mut sink.lock().unwrap()).map(|_| ())), collected)
 }
 
 /// Writes a command's stdin, on a blocking thread.

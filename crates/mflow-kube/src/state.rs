@@ -181,7 +181,7 @@ fn trouble(pod: &Pod, now: Timestamp) -> Option<(String, String)> {
         };
         return Some((format!("{who} stuck"), format!("{who} is stuck terminating since {}: {why}", clock(asked))));
     }
-    let running = phase(pod) == "Running" && node_container_started(pod).is_some();
+    let running = phase(pod) == "Running" && node_container_running(pod);
     match ready {
         Some((_, since)) if running && node_down => {
             let since = since.map(|t| format!(" since {}", clock(t))).unwrap_or_default();
@@ -194,10 +194,17 @@ fn trouble(pod: &Pod, now: Timestamp) -> Option<(String, String)> {
     }
 }
 
-/// A pod marked not ready while it runs: mflow's pods have no readiness probes, so this is the
-/// node controller's word that the node stopped reporting.
+/// A pod marked not ready while its container runs: mflow's pods have no readiness probes, so
+/// this is the node controller's word that the node stopped reporting. (A container that ended
+/// makes its pod not ready too; that is not this.)
 fn not_ready(pod: &Pod) -> bool {
-    ready_condition(pod).is_some_and(|(status, _)| status != "True") && node_container_started(pod).is_some()
+    ready_condition(pod).is_some_and(|(status, _)| status != "True") && node_container_running(pod)
+}
+
+/// The `node` container was last reported running.
+fn node_container_running(pod: &Pod) -> bool {
+    let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref());
+    statuses.into_iter().flatten().any(|c| c.name == NODE && c.state.as_ref().is_some_and(|s| s.running.is_some()))
 }
 
 fn ready_condition(pod: &Pod) -> Option<(&str, Option<Timestamp>)> {
@@ -293,6 +300,18 @@ mod tests {
         seen.observe(pod("c", 0, json!({"metadata": {"uid": "uid-c2"}})), false);
         let state = seen.state(2, true, at("2026-01-01T00:01:00Z"));
         assert_eq!(state.text, "running on 1/2 nodes");
+    }
+
+    #[test]
+    fn a_container_that_ended_is_not_a_node_that_stopped_reporting() {
+        // The kubelet reports the exit: the pod is not ready, its phase still Running.
+        let ended = json!({"status": {"conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T00:00:40Z"}],
+            "containerStatuses": [{"name": "node", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}});
+        let mut seen = SeenPods::default();
+        seen.observe(pod("p", 0, ended), false);
+        let state = seen.state(1, true, at("2026-01-01T00:01:00Z"));
+        assert!(!state.text.contains("not ready"), "{}", state.text);
     }
 
     #[test]

@@ -22,7 +22,10 @@ MAIN_ITERATIONS="${MFLOW_E2E_MAIN_ITERATIONS:-120}"
 MFLOW_E2E_LOCAL_HOME="${MFLOW_E2E_LOCAL_HOME:-${MFLOW_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/mflow}}"
 export MFLOW_E2E_LOCAL_HOME
 
-have_images() {
+# prepare_train_case: the images, and a volume that this mflow (root) and the pods of those
+# images (uid 1000) both write: the workdirs mflow makes here, and the upload area that earlier
+# cases' root pods made.
+prepare_train_case() {
   local i
   # Built once and cached by images.sh; imported here when the phase did not.
   bash "$E2E_DIR/images.sh" >"$STATE_DIR/images.log" 2>&1 || { tail -n 30 "$STATE_DIR/images.log"; return 1; }
@@ -30,6 +33,8 @@ have_images() {
     ctr --address "$STATE_DIR/containerd/containerd.sock" --namespace k8s.io images ls -q "name==$i" | grep -q . ||
       { echo "the image $i is not in the cluster's containerd (tests/e2e/kubernetes/images.sh builds it)"; return 1; }
   done
+  umask 0000
+  [ ! -d "$VOLUME/.mflow-uploads" ] || chmod -R a+rwX "$VOLUME/.mflow-uploads"
 }
 
 # A user's checkout of this repository (HEAD), made once per cluster: the main job reads its
@@ -137,7 +142,7 @@ check_main_run() {
 # gloo ranks in one pod), evaluate with its gates, export; then again, all cached; and the keys
 # and output digests are those a local run of the same spec leaves.
 case_main_job_on_kubelet() {
-  have_images
+  prepare_train_case
   local run t=$SECONDS
   run=$(run_main main_job_on_kubelet)
   echo "cluster run $run: $((SECONDS - t))s"
@@ -172,7 +177,7 @@ attempt_log_of() { cat "$VOLUME/gpt-tp2/runs/$1/stages/$2/attempt-${3:-1}.log" 2
 
 # TP=2 x PP=2: 4 gloo ranks in one pod, the reshards planning inserts, to the end.
 case_main_job_pp2_on_kubelet() {
-  have_images
+  prepare_train_case
   local run rec
   run=$(run_main main_job_pp2_on_kubelet --set stages.train.pp=2)
   check_main_run "$run" 4
@@ -300,7 +305,7 @@ same_losses() {
 # infra, retried, and the retry resumes from the newest checkpoint; the final losses are an
 # uninterrupted run's.
 case_train_pod_deleted_resumes() {
-  have_images
+  prepare_train_case
   local base="train_pod_deleted_resumes" plain
   expect 0 mf run "$(train_spec "${base}_plain" 1 "$RESUME_ITERATIONS")"
   plain=$(final_losses "${base}_plain")
@@ -318,7 +323,7 @@ case_train_pod_deleted_resumes() {
 # train with nodes = 2 (one rank per pod) on two kubelets: the pods land on two nodes and
 # find each other as Trainer's runtime tells them, through the headless Service's name.
 case_train_on_two_nodes_kubelet() {
-  have_images
+  prepare_train_case
   local c=train_on_two_nodes_kubelet spec sel nodes
   trap 'bash "$E2E_DIR/cluster.sh" stop kubelet2 >/dev/null 2>&1 || true' EXIT
   bash "$E2E_DIR/cluster.sh" start kubelet2
