@@ -605,6 +605,7 @@ fn run(args: RunArgs, format: LogFormat) -> Result<ExitCode, Error> {
         }
     }
     let env = Environment::detect(s.python.as_deref());
+    let env = if s.pipeline.backend == "kubernetes" { env.stages_in_images() } else { env };
     if s.pipeline.backend == "kubernetes" && !args.dry_run && crate::remote::needed(&s) {
         // Outside the cluster: nothing is written here; the engine runs in the cluster.
         let plan = plan::build(s, &env)?;

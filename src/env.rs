@@ -55,6 +55,14 @@ impl Environment {
         }
     }
 
+    /// Stages that run in images (Kubernetes) use the image's `python`: nothing is provisioned
+    /// here, and the key still names the configured interpreter or the lock, as a local run's.
+    pub fn stages_in_images(self) -> Environment {
+        let python = OnceLock::new();
+        let _ = python.set(PathBuf::from(self.configured_python.as_deref().unwrap_or("python")));
+        Environment { python, ..self }
+    }
+
     /// Identity of the Python environment for cache keys (cheap: no interpreter is started).
     pub fn python_digest(&self) -> String {
         match &self.configured_python {

@@ -22,6 +22,10 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Cluster::start_with(Arc::new(|_: &Value| Scenario::Exec)).await
+    }
+
+    async fn start_with(picker: controller::Picker) -> Cluster {
         let api = FakeApi::start().await;
         // The runtimes mflow defaults to, as shipped in examples/kubernetes.
         for file in ["runtime.yaml", "runtime-cpu.yaml"] {
@@ -29,7 +33,7 @@ impl Cluster {
             api.add_runtime(serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap());
         }
         api.add_pvc(NS, "mflow-artifacts");
-        let controller = controller::spawn(api.shared.clone(), Arc::new(|_: &Value| Scenario::Exec));
+        let controller = controller::spawn(api.shared.clone(), picker);
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = api.kubeconfig(dir.path(), NS);
         Cluster { api, dir, kubeconfig, _controller: controller }
@@ -495,4 +499,27 @@ async fn the_shipped_rbac_is_what_mflow_kube_rbac_renders_and_what_the_preflight
     let err = String::from_utf8_lossy(&o.stderr).replace('│', " ").split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(err.contains("cannot list events in namespace \"ml\""), "{err}");
     assert!(err.contains("mflow kube rbac --namespace ml"), "{err}");
+}
+
+/// A train stage on the cluster runs the image's `python`: mflow provisions no interpreter
+/// here (the driver's image may have none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_stages_on_the_cluster_need_no_python_here() {
+    let cluster = Cluster::start_with(Arc::new(|_: &Value| Scenario::Succeed)).await;
+    for d in ["shards", "data"] {
+        std::fs::create_dir_all(cluster.dir.path().join(d)).unwrap();
+        std::fs::write(cluster.dir.path().join(d).join("stand-in"), d).unwrap();
+    }
+    let spec = cluster.spec("spec.toml", "[stages.train]\nkind = \"train\"\nmodel = \"shards\"\ndata = \"data\"\ntp = 2\niterations = 1\n");
+    let home = cluster.dir.path().join("home");
+    let mut cmd = cluster.command(&["run", spec.to_str().unwrap()]);
+    cmd.env("MFLOW_HOME", &home).env_remove("MFLOW_PYTHON").env("PATH", "/nonexistent");
+    let o = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await.unwrap().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!home.join("python").exists(), "an interpreter was provisioned");
+    let jobs = cluster.api.shared.list("trainjobs", NS);
+    let trainer = &jobs[0]["spec"]["trainer"];
+    assert_eq!(trainer["command"], serde_json::json!(["python"]), "{trainer}");
+    assert_eq!(trainer["args"][0], "-m", "{trainer}");
+    assert_eq!(trainer["args"][1], "torch.distributed.run", "{trainer}");
 }

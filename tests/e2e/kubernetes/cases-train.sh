@@ -86,7 +86,9 @@ check_torch_pods() {
   not_contains "$(kc get trainjob "$tj" -o jsonpath='{.spec.trainer.env[*].name}')" PET_
   eq "$(kc get pods -l "jobset.sigs.k8s.io/jobset-name=$tj" -o name | wc -l)" "$nnodes" "pods of $tj"
   for pod in $(kc get pods -l "jobset.sigs.k8s.io/jobset-name=$tj" -o name); do
-    contains "$(kc get "$pod" -o jsonpath='{.spec.containers[0].command}')" torch.distributed.run
+    # Trainer's trainer.command and .args become the container's.
+    eq "$(kc get "$pod" -o jsonpath='{.spec.containers[0].command[0]} {.spec.containers[0].args[0]} {.spec.containers[0].args[1]}')" \
+      "python -m torch.distributed.run" "command of $pod"
     eq "$(pet "$pod" PET_NNODES)" "$nnodes" "PET_NNODES of $pod"
     eq "$(pet "$pod" PET_NPROC_PER_NODE)" "$nproc" "PET_NPROC_PER_NODE of $pod"
     eq "$(pet "$pod" PET_MASTER_ADDR)" "$tj-node-0-0.$tj" "PET_MASTER_ADDR of $pod"
@@ -237,11 +239,10 @@ retries = { max = 1, backoff = "1s", on = ["infra"] }
 EOF
 }
 
-# The training step of a case's train stage, from its progress file on the volume.
+# The training step of a case's train stage, from the progress its attempt log keeps.
 train_iteration() {
-  local f
-  f=$(find "$(case_dir "$1")/wd/cache/.kube" -path '*train*' -name '*progress*' 2>/dev/null | head -n 1)
-  local n=""
+  local f n=""
+  f=$(ls -t "$(case_dir "$1")"/wd/runs/*/stages/train/attempt-*.progress.jsonl 2>/dev/null | head -n 1)
   [ -z "$f" ] || n=$(jq -r 'select(.label == "train") | .done' "$f" 2>/dev/null | tail -n 1)
   echo "${n:-0}"
 }
