@@ -47,10 +47,16 @@ struct Out<'a> {
 }
 
 impl Out<'_> {
+    /// Tensor bytes: what the progress counts (its total is the tensors' size).
     fn put(&mut self, data: &[u8]) -> Result<(), CkptError> {
+        self.put_header(data)?;
+        self.progress.inc(data.len() as u64);
+        Ok(())
+    }
+
+    fn put_header(&mut self, data: &[u8]) -> Result<(), CkptError> {
         self.file.write_all(data).map_err(io(self.path))?;
         self.hasher.update(data);
-        self.progress.inc(data.len() as u64);
         self.bytes += data.len() as u64;
         Ok(())
     }
@@ -76,7 +82,7 @@ pub fn write_file(
     let (header, _) = build_header(&entries, metadata);
     let file = File::create(path).map_err(io(path))?;
     let mut out = Out { file, path, hasher: blake3::Hasher::new(), bytes: 0, progress };
-    out.put(&header)?;
+    out.put_header(&header)?;
     // One buffer for the whole file; zero only where a gather leaves holes.
     let mut buf = vec![0u8; STEP_BYTES];
     let zeros = vec![0u8; STEP_BYTES];

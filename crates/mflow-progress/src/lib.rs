@@ -132,6 +132,8 @@ impl Reporter {
     }
 
     fn publish(&self, done: u64, force: bool) {
+        // A count that overshoots its estimate never reads as more than all of it.
+        let done = self.total.map_or(done, |t| done.min(t));
         match &self.sink {
             Sink::Quiet => {}
             Sink::Bar(b) => b.set_position(done),
@@ -198,5 +200,28 @@ mod tests {
         let line = serde_json::to_string(&ev).unwrap();
         assert_eq!(Event::parse(&line), Some(ev));
         assert_eq!(Event::parse("not json"), None);
+    }
+
+    #[test]
+    fn progress_never_reads_above_its_total() {
+        let dir = std::env::temp_dir().join(format!("mflow-progress-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("progress.jsonl");
+        let file = OpenOptions::new().create(true).append(true).open(&path).unwrap();
+        let r = Reporter {
+            label: "convert".into(),
+            unit: "bytes".into(),
+            total: Some(100),
+            done: AtomicU64::new(0),
+            message: Mutex::new(None),
+            sink: Sink::File(Mutex::new((file, Instant::now() - MIN_INTERVAL))),
+        };
+        r.inc(60);
+        r.inc(60);
+        r.finish();
+        let events: Vec<Event> = std::fs::read_to_string(&path).unwrap().lines().filter_map(Event::parse).collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(events.last().map(|e| (e.done, e.total)), Some((100, Some(100))), "{events:?}");
+        assert!(events.iter().all(|e| e.done <= 100), "{events:?}");
     }
 }
