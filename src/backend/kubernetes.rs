@@ -413,8 +413,10 @@ impl Layout {
         // cluster the ranks split evenly over the stage's nodes (checked when the spec is).
         let pet = |k: &str| job.env.get(k).and_then(|n| n.parse::<u32>().ok()).unwrap_or(1);
         let nproc = (pet("PET_NNODES") * pet("PET_NPROC_PER_NODE") / info.nodes.max(1)).max(1);
-        // Every rank of a CPU stage needs a core of its own; GPU ranks need little CPU.
+        // Every rank of a CPU stage gets a core of its own unless the spec says how many the
+        // pod gets (a node smaller than the ranks); GPU ranks need little CPU.
         let cpus = match (info.resources.cpus, info.resources.gpus) {
+            (c, 0) if info.resources.cpus_given => c,
             (c, 0) => c.max(f64::from(nproc)),
             (c, _) if c > 0.0 => c,
             _ => f64::from(nproc),

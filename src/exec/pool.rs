@@ -55,7 +55,7 @@ mod tests {
     #[test]
     fn gpus_are_disjoint_and_returned() {
         let mut p = Pool::new(4, vec!["0".into(), "1".into()]);
-        let r = Resources { gpus: 1, cpus: 1.0, memory: None };
+        let r = Resources { gpus: 1, cpus: 1.0, memory: None, ..Default::default() };
         let a = p.take(&r).unwrap();
         let b = p.take(&r).unwrap();
         assert_ne!(a.gpus, b.gpus);
@@ -67,8 +67,8 @@ mod tests {
     #[test]
     fn oversized_cpu_requests_get_the_machine() {
         let mut p = Pool::new(2, vec![]);
-        let g = p.take(&Resources { gpus: 0, cpus: 8.0, memory: None }).unwrap();
+        let g = p.take(&Resources { gpus: 0, cpus: 8.0, memory: None, ..Default::default() }).unwrap();
         assert_eq!(g.cpus, 2.0);
-        assert!(p.take(&Resources { gpus: 0, cpus: 1.0, memory: None }).is_none());
+        assert!(p.take(&Resources { gpus: 0, cpus: 1.0, memory: None, ..Default::default() }).is_none());
     }
 }

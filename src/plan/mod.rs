@@ -239,7 +239,7 @@ fn insert_reshards(stages: &mut Vec<StageSpec>) {
             inputs: vec![],
             retries,
             timeout: None,
-            resources: crate::spec::Resources { gpus: 0, cpus: 1.0, memory: None },
+            resources: crate::spec::Resources { gpus: 0, cpus: 1.0, cpus_given: false, memory: None },
             env: BTreeMap::new(),
             cache: true,
             salt: String::new(),

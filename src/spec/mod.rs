@@ -55,6 +55,9 @@ pub struct Pipeline {
 pub struct Resources {
     pub gpus: u32,
     pub cpus: f64,
+    /// `cpus` was given in the spec (else it is the default of 1).
+    #[serde(default)]
+    pub cpus_given: bool,
     pub memory: Option<String>,
 }
 
@@ -364,7 +367,7 @@ fn parse_in(path: &Path, dir: PathBuf, text: &str, overrides: &[String]) -> Resu
         if let Some(res) = node.get("resources") {
             check_resources(&src, res, &table, &mut errors);
         }
-        let resources = values.get("resources").map(resources_of).unwrap_or(Resources { gpus: 0, cpus: 1.0, memory: None });
+        let resources = values.get("resources").map(resources_of).unwrap_or(Resources { gpus: 0, cpus: 1.0, cpus_given: false, memory: None });
         let common: Vec<&str> = fields::COMMON.iter().map(|f| f.name).collect();
         let take_map = |v: Option<&Json>| -> BTreeMap<String, String> {
             v.and_then(Json::as_object)
@@ -644,6 +647,7 @@ fn resources_of(v: &Json) -> Resources {
     Resources {
         gpus: v.get("gpus").and_then(Json::as_u64).unwrap_or(0) as u32,
         cpus: v.get("cpus").and_then(Json::as_f64).unwrap_or(1.0),
+        cpus_given: v.get("cpus").is_some(),
         memory: v.get("memory").and_then(Json::as_str).map(str::to_string),
     }
 }

@@ -368,7 +368,7 @@ mod tests {
             inputs: vec![],
             retries: Default::default(),
             timeout: None,
-            resources: crate::spec::Resources { gpus: 0, cpus: 1.0, memory: None },
+            resources: crate::spec::Resources { gpus: 0, cpus: 1.0, cpus_given: false, memory: None },
             env: BTreeMap::new(),
             cache: true,
             salt: String::new(),

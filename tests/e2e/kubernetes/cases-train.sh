@@ -14,9 +14,9 @@ KUBELET_CASES+=(
 # stages and the driver.
 TRAIN_IMAGE="${MFLOW_E2E_TRAIN_IMAGE:-localhost/mflow-cpu-train:e2e}"
 CPU_IMAGE="${MFLOW_E2E_CPU_IMAGE:-localhost/mflow-cpu:e2e}"
-# Iterations of the main job here: the fewest at which its gates pass with a margin (the spec
-# says 300; the training curve is the spec's, see the README).
-MAIN_ITERATIONS="${MFLOW_E2E_MAIN_ITERATIONS:-120}"
+# Iterations of the main job here: the spec's own (300) unless given; fewer make the gates a
+# matter of which files the checkout's corpus holds.
+MAIN_ITERATIONS="${MFLOW_E2E_MAIN_ITERATIONS:-}"
 # The Python environment of the local run the main job is compared with: the one provisioned
 # before the suite (setup_phase gives mflow a home of its own). Read when run.sh sources this.
 MFLOW_E2E_LOCAL_HOME="${MFLOW_E2E_LOCAL_HOME:-${MFLOW_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/mflow}}"
@@ -61,8 +61,8 @@ main_args() {
     --set "pipeline.kubernetes.cpu_runtime=\"$CPU_RUNTIME\"" \
     --set "pipeline.kubernetes.driver.host_network=true" \
     --set 'pipeline.kubernetes.driver.env.KUBERNETES_SERVICE_HOST="127.0.0.1"' \
-    --set 'pipeline.kubernetes.driver.env.KUBERNETES_SERVICE_PORT="6443"' \
-    --set "vars.iterations=$MAIN_ITERATIONS"
+    --set 'pipeline.kubernetes.driver.env.KUBERNETES_SERVICE_PORT="6443"'
+  [ -z "$MAIN_ITERATIONS" ] || printf '%s\n' --set "vars.iterations=$MAIN_ITERATIONS"
 }
 
 # run_id_of OUTPUT: the run id a run from outside the cluster printed.
@@ -160,8 +160,10 @@ case_main_job_on_kubelet() {
 
   # The same spec run here, with the local backend, into the checkout's own workdir.
   t=$SECONDS
-  (cd "$dir" && env -u MFLOW_PYTHON MFLOW_HOME="$MFLOW_E2E_LOCAL_HOME" "$MFLOW_BIN" run specs/gpt-tp2.toml \
-    --set "vars.iterations=$MAIN_ITERATIONS") >"$STATE_DIR/local-run.out" 2>&1 || { cat "$STATE_DIR/local-run.out"; echo "the local run failed"; return 1; }
+  local iterations=()
+  [ -z "$MAIN_ITERATIONS" ] || iterations=(--set "vars.iterations=$MAIN_ITERATIONS")
+  (cd "$dir" && env -u MFLOW_PYTHON MFLOW_HOME="$MFLOW_E2E_LOCAL_HOME" "$MFLOW_BIN" run specs/gpt-tp2.toml "${iterations[@]}") \
+    >"$STATE_DIR/local-run.out" 2>&1 || { cat "$STATE_DIR/local-run.out"; echo "the local run failed"; return 1; }
   tail -n 4 "$STATE_DIR/local-run.out"
   echo "local run: $((SECONDS - t))s"
   local here there
@@ -181,7 +183,8 @@ attempt_log_of() { cat "$VOLUME/gpt-tp2/runs/$1/stages/$2/attempt-${3:-1}.log" 2
 case_main_job_pp2_on_kubelet() {
   prepare_train_case
   local run rec
-  run=$(run_main main_job_pp2_on_kubelet --set stages.train.pp=2)
+  # 4 CPU ranks would ask for a core each, and this node has 2: the pod gets what the node has.
+  run=$(run_main main_job_pp2_on_kubelet --set stages.train.pp=2 --set stages.train.resources.cpus=2)
   check_main_run "$run" 4
   rec=$(main_record "$run")
   eq "$(jq -r '.stages["train-reshard"].status' <<<"$rec")" succeeded "train-reshard"
@@ -239,16 +242,11 @@ retries = { max = 1, backoff = "1s", on = ["infra"] }
 EOF
 }
 
-# The training step of a case's train stage, from the progress its attempt log keeps.
-train_iteration() {
-  local f n=""
-  f=$(ls -t "$(case_dir "$1")"/wd/runs/*/stages/train/attempt-*.progress.jsonl 2>/dev/null | head -n 1)
-  [ -z "$f" ] || n=$(jq -r 'select(.label == "train") | .done' "$f" 2>/dev/null | tail -n 1)
-  echo "${n:-0}"
-}
-past_iteration() { [ "$(train_iteration "$1")" -ge "$2" ]; }
+# A checkpoint of the case's train stage is complete on the volume (the trainer writes
+# `iter_NNNNNNN/meta.json` last): the point after which taking the pod away must resume.
+has_checkpoint() { compgen -G "$(case_dir "$1")/wd/scratch/*/checkpoints/iter_*/meta.json" >/dev/null; }
 
-RESUME_ITERATIONS=40
+RESUME_ITERATIONS=60
 
 # interrupt_train CASE HOW: runs the case's spec and, once training is past its first
 # checkpoint, takes the train pod away: HOW is `delete` (kubectl delete pod) or `evict` (the
@@ -258,9 +256,9 @@ interrupt_train() {
   spec=$(train_spec "$c" 1 "$RESUME_ITERATIONS")
   "$MFLOW_BIN" run "$spec" >"$STATE_DIR/$c.out" 2>&1 &
   pid=$!
-  wait_until 400 past_iteration "$c" 12 || { kill "$pid"; cat "$STATE_DIR/$c.out"; return 1; }
+  wait_until 400 has_checkpoint "$c" || { kill "$pid"; cat "$STATE_DIR/$c.out"; return 1; }
   pod=$(kc get pods -l "mflow.dev/pipeline=$(pipeline_of "$c"),mflow.dev/stage=train" --field-selector=status.phase=Running -o jsonpath='{.items[0].metadata.name}')
-  echo "taking pod $pod away ($how) at iteration $(train_iteration "$c")"
+  echo "taking pod $pod away ($how) after the checkpoint $(basename "$(dirname "$(compgen -G "$(case_dir "$c")/wd/scratch/*/checkpoints/iter_*/meta.json" | sort | tail -n 1)")")"
   case $how in
     delete) kc delete pod "$pod" --timeout=180s ;;
     evict)
