@@ -153,12 +153,19 @@ impl KubeBackend {
                                 // Pods may have started and finished between two pod events.
                                 refresh_pods(&pods_api, &selector, &mut pods, &mut seen, &mut follower).await;
                                 follower.drain(self.opts.log_drain).await;
+                                // The last state, if it was not said yet.
+                                if let Some(line) = shown.offer(seen.state(req.num_nodes, start.started, Timestamp::now())).or_else(|| shown.due()) {
+                                    say.line(format!("TrainJob {name} {line}")).await;
+                                }
                                 say.line(format!("TrainJob {name} completed")).await;
                                 return Ok(Outcome::Succeeded);
                             }
                             JobState::Failed { reason, message } => {
                                 refresh_pods(&pods_api, &selector, &mut pods, &mut seen, &mut follower).await;
                                 follower.drain(self.opts.log_drain).await;
+                                if let Some(line) = shown.offer(seen.state(req.num_nodes, start.started, Timestamp::now())).or_else(|| shown.due()) {
+                                    say.line(format!("TrainJob {name} {line}")).await;
+                                }
                                 let (class, why) = classify_failure(&reason, &message, &seen.in_order_of_ends());
                                 // The class is the engine's to say: a stage may refine it.
                                 say.line(format!("TrainJob {name} failed: {why}")).await;
