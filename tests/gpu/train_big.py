@@ -29,6 +29,9 @@ def main():
         json.dump(cfg, open(path, "w"))
         rc = launch(path, run, 29801 if attempt == "first" else 29802).wait()
         summary = json.load(open(os.path.join(cfg["output"], "train_summary.json"))) if rc == 0 else {}
+        # The attempt's own figures (times, where it resumed) are the newest line of its metrics.
+        attempt_lines = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))]
+        summary.update(next((x for x in reversed(attempt_lines) if "train_time_s" in x), {}))
         results[attempt] = {"rc": rc, "summary": summary}
     lines = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))]
     results["metrics"] = lines

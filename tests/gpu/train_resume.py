@@ -75,7 +75,9 @@ def main():
     rc2 = p2.wait()
     lines2 = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))][len(lines):]
     it2 = [x["iteration"] for x in lines2 if "loss" in x]
+    # The output's summary, with the attempt's own figures (in its metrics: where it resumed).
     summary = json.load(open(os.path.join(run, "output", "train_summary.json"))) if rc2 == 0 else {}
+    summary.update(next((x for x in reversed(lines2) if "train_time_s" in x), {}))
     res = {"engine": engine, "first_rc": rc1, "killed_after_checkpoint": killed_after,
            "last_iteration_logged_before_kill": last_before, "second_rc": rc2,
            "resumed_first_iteration": it2[0] if it2 else None, "resumed_last_iteration": it2[-1] if it2 else None,

@@ -608,7 +608,6 @@ def train(cfg: TrainConfig) -> dict:
                "knobs": sorted(knobs)}
     if is_main:
         S.finalize_shards(cfg.output, cfg.shards, manifest)
-        with open(os.path.join(cfg.output, "train_summary.json"), "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
+        S.write_train_summary(cfg.output, summary, metrics)
     dist.barrier()
     return summary

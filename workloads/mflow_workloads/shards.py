@@ -338,3 +338,20 @@ def finalize_shards(out_dir: str, src_dir: str, src_manifest: dict[str, Any], ex
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(m, f, indent=2)
     os.replace(tmp, os.path.join(out_dir, MANIFEST))
+
+
+# What differs between two attempts that train the same model: wall times, memory, and where an
+# attempt resumed. The committed output is a function of the stage's inputs alone (so that its
+# digest, and every key downstream, is the same on any machine and after a resume); these go to
+# the attempt's metrics instead.
+ATTEMPT_FIELDS = ("time_s", "tokens_this_attempt", "resumed_from", "resume_load_s", "checkpoint_save_s", "peak_mem_gib")
+
+
+def write_train_summary(out_dir: str, summary: dict[str, Any], metrics: Any) -> None:
+    """Writes train_summary.json without the attempt's own figures, which go to `metrics`."""
+    with open(os.path.join(out_dir, "train_summary.json"), "w", encoding="utf-8") as f:
+        json.dump({k: v for k, v in summary.items() if k not in ATTEMPT_FIELDS}, f, indent=2)
+    attempt = {k: summary[k] for k in ATTEMPT_FIELDS if k in summary}
+    if "time_s" in attempt:
+        attempt["train_time_s"] = attempt.pop("time_s")
+    metrics.write(**attempt)

@@ -36,7 +36,11 @@ def test_train_120_iterations_lowers_val_loss(assets, tmp_path):
         assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
     assert os.path.isfile(os.path.join(out, "tokenizer", "tokenizer.json"))
     summary = json.load(open(os.path.join(out, "train_summary.json")))
-    assert summary["iterations"] == 120 and summary["resumed_from"] is None
+    assert summary["iterations"] == 120
+    # Nothing that differs between attempts is in the output: times and resumes are metrics.
+    assert not set(summary) & set(S.ATTEMPT_FIELDS), summary
+    attempt = [x for x in lines if "train_time_s" in x]
+    assert len(attempt) == 1 and attempt[0]["resumed_from"] is None and attempt[0]["train_time_s"] > 0, attempt
 
 
 def test_sigkill_one_rank_then_resume(assets, tmp_path):

@@ -255,8 +255,7 @@ def run(cfg: TrainConfig, device: torch.device) -> dict:
                "resumed_from": resumed_from, "tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp}
     if is_main:
         S.finalize_shards(cfg.output, cfg.shards, manifest)
-        with open(os.path.join(cfg.output, "train_summary.json"), "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
+        S.write_train_summary(cfg.output, summary, metrics)
     dist.barrier()
     return summary
 
