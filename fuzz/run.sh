@@ -19,7 +19,7 @@ for t in "${targets[@]}"; do
   # what it can get wrong shows in a few characters.
   case $workers in *:*) len=${workers#*:} workers=${workers%%:*} ;; esac
   mkdir -p "$corpus/$name" "$out/artifacts/$name"
-  "$bin/$name" "$corpus/$name" -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=$len -timeout=10 \
+  "$bin/$name" "$corpus/$name" -max_total_time="$seconds" -rss_limit_mb=2048 -max_len="$len" -timeout=10 \
     -fork="$workers" -ignore_crashes=1 -print_final_stats=1 -artifact_prefix="$out/artifacts/$name/" \
     >"$out/$name.log" 2>&1 &
   pids+=($!)

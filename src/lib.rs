@@ -13,12 +13,17 @@ pub mod env;
 pub mod exec;
 pub mod exit;
 pub mod plan;
+pub mod project;
 pub mod record;
-pub mod remote;
+pub mod reporter;
+pub mod run;
+pub mod settings;
 pub mod spec;
 pub mod stages;
+pub mod stdio;
 pub mod untrusted;
 pub mod user_output;
+pub mod workdir;
 
 use std::path::Path;
 

@@ -21,9 +21,10 @@ pub const METRICS_LOG: u64 = 256 << 20;
 /// Read at a time from a progress file that a stage appends to.
 pub const PROGRESS_PIECE: u64 = 1 << 20;
 
-/// The JSON document at `path`, if it is a regular file of at most `cap` bytes holding one.
+/// The JSON document at `path`, if it is a regular file of at most `cap` bytes holding one that
+/// the memory budget lets it hold as a value (64 MiB of nested arrays would be 8 GiB).
 pub fn read_json(path: &Path, cap: u64) -> Option<Json> {
-    serde_json::from_slice(&read_bounded(path, cap).ok()?).ok()
+    mflow_untrusted::json::parse(&read_bounded(path, cap).ok()?).ok()
 }
 
 /// [`read_json`] on a blocking thread, for async code.

@@ -22,7 +22,10 @@ use thiserror::Error;
 #[derive(Debug, Error, Diagnostic)]
 pub enum OutputError {
     #[error("{} is {what}, which mflow keeps for itself; it does not write a report or a download there", path.display())]
-    #[diagnostic(code(mflow::output::owned), help("name a path outside the workdir and MFLOW_HOME, other than the spec"))]
+    #[diagnostic(
+        code(mflow::output::owned),
+        help("name a path outside the workdir and MFLOW_HOME, other than the spec")
+    )]
     Owned { path: PathBuf, what: String },
     #[error("{} is {kind}; mflow writes there only to a regular file, a FIFO or a character device", path.display())]
     #[diagnostic(code(mflow::output::file_type), help("name a file, or remove what is in its place"))]
@@ -41,13 +44,16 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> OutputError + '_ {
 }
 
 /// What mflow keeps for itself, which no user-named output may be.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Owned {
     /// Directories, resolved, with what to call them.
     dirs: Vec<(PathBuf, String)>,
     /// Files, resolved, with their identity (a hard link is the same file), and what to call them.
-    files: Vec<(PathBuf, Option<(u64, u64)>, String)>,
+    files: Vec<(PathBuf, Option<FileId>, String)>,
 }
+
+/// A file's device and inode.
+type FileId = (u64, u64);
 
 impl Owned {
     /// mflow's home (checked specs, Python environments) and `workdir`.
@@ -87,7 +93,8 @@ impl Owned {
 /// `path` made absolute with every link resolved, as far as it exists; the rest is appended
 /// with `.` and `..` taken lexically.
 fn resolve(path: &Path) -> PathBuf {
-    let abs = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir().unwrap_or_default().join(path) };
+    let abs =
+        if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir().unwrap_or_default().join(path) };
     let mut rest = Vec::new();
     let mut cur = abs.as_path();
     loop {
@@ -146,7 +153,9 @@ fn open_existing(path: &Path, append: bool, create: bool) -> Result<File, Output
         .map_err(|e| match e.raw_os_error() {
             Some(libc::EISDIR) => OutputError::FileType { path: path.to_path_buf(), kind: "a directory" },
             Some(libc::ENXIO) => match std::fs::metadata(path) {
-                Ok(m) if m.file_type().is_fifo() => io_err(path)(io::Error::other("it is a FIFO that no process is reading")),
+                Ok(m) if m.file_type().is_fifo() => {
+                    io_err(path)(io::Error::other("it is a FIFO that no process is reading"))
+                }
                 Ok(m) => OutputError::FileType { path: path.to_path_buf(), kind: mflow_untrusted::kind(m.file_type()) },
                 Err(_) => io_err(path)(e),
             },

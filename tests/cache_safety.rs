@@ -143,7 +143,12 @@ run = ["sh", "-c", "cat $MFLOW_INPUT_A/out $MFLOW_INPUT_B/out $MFLOW_INPUT_WAIT/
     assert_ok(&mflow(&p, &["run", "spec.toml"]));
     let first: BTreeSet<String> = keys(&p).into_iter().map(|(_, k)| k).collect();
 
-    let run = p.cmd(&["run", "spec.toml", "--set", "vars.v=2"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let run = p
+        .cmd(&["run", "spec.toml", "--set", "vars.v=2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let t = Instant::now();
     while !started(2).exists() {
         assert!(t.elapsed() < LIMIT, "the run never reached its slow stage");
@@ -154,7 +159,8 @@ run = ["sh", "-c", "cat $MFLOW_INPUT_A/out $MFLOW_INPUT_B/out $MFLOW_INPUT_WAIT/
     assert_eq!(code(&refused), 3, "{}", stderr(&refused));
     assert!(err(&refused).contains("is in use by a run"), "{}", stderr(&refused));
     // With --wait it waits for the run, then keeps what the newest run uses.
-    let waiting = p.cmd(&["gc", "--keep-runs", "1", "--wait"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let waiting =
+        p.cmd(&["gc", "--keep-runs", "1", "--wait"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let run = wait_bounded(run, "run");
     assert_ok(&run);
     let gc = wait_bounded(waiting, "gc --wait");
@@ -162,7 +168,10 @@ run = ["sh", "-c", "cat $MFLOW_INPUT_A/out $MFLOW_INPUT_B/out $MFLOW_INPUT_WAIT/
 
     let r = p.latest_record();
     assert_eq!(r["stages"]["a"]["status"], "cached");
-    assert_eq!(std::fs::read_to_string(Path::new(r["stages"]["c"]["output"].as_str().unwrap()).join("out")).unwrap(), "a\nb-2\nw-2\n");
+    assert_eq!(
+        std::fs::read_to_string(Path::new(r["stages"]["c"]["output"].as_str().unwrap()).join("out")).unwrap(),
+        "a\nb-2\nw-2\n"
+    );
     let second: BTreeSet<String> = keys(&p).into_iter().map(|(_, k)| k).collect();
     for key in &second {
         assert!(cache(&p).join(key).is_dir(), "gc removed {key}, which the run used");
@@ -190,7 +199,11 @@ fn gc_refuses_what_is_not_an_mflow_workdir_and_deletes_nothing() {
     std::fs::write(foreign.join("cache/notes.txt"), "mine").unwrap();
     std::fs::write(foreign.join("readme"), "mine").unwrap();
     let before = tree(&foreign);
-    for args in [vec!["gc", "--workdir", "data"], vec!["gc", "--workdir", "data", "--keep-runs", "0"], vec!["cache", "repair", "--workdir", "data"]] {
+    for args in [
+        vec!["gc", "--workdir", "data"],
+        vec!["gc", "--workdir", "data", "--keep-runs", "0"],
+        vec!["cache", "repair", "--workdir", "data"],
+    ] {
         let o = mflow(&p, &args);
         assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
         assert!(err(&o).contains("not a workdir mflow may use"), "{}", stderr(&o));
@@ -310,7 +323,11 @@ fn a_log_that_is_a_directory_or_a_fifo_hangs_nothing_and_destroys_nothing() {
             assert_entries_remain(&p, &keys, cmd[0]);
             if cmd[0] == "run" {
                 assert_eq!(code(&o), 70, "{how:?}: {}", stderr(&o));
-                assert!(err(&o).contains(".manifests.jsonl") && err(&o).contains("cache repair"), "{how:?}: {}", stderr(&o));
+                assert!(
+                    err(&o).contains(".manifests.jsonl") && err(&o).contains("cache repair"),
+                    "{how:?}: {}",
+                    stderr(&o)
+                );
             }
         }
         let gc = mflow(&p, &["gc", "--keep-runs", "0"]);
@@ -351,7 +368,17 @@ fn entries_the_log_does_not_vouch_for_are_set_aside_never_deleted() {
     let (p, keys) = committed();
     // A log that lost its lines (an empty file): the stage `a` now writes something else.
     std::fs::write(log(&p), "").unwrap();
-    let run = mflow(&p, &["run", "spec.toml", "--set", "vars.v=1", "--set", "stages.a.run=[\"sh\", \"-c\", \"echo other > $MFLOW_OUTPUT/out\"]"]);
+    let run = mflow(
+        &p,
+        &[
+            "run",
+            "spec.toml",
+            "--set",
+            "vars.v=1",
+            "--set",
+            "stages.a.run=[\"sh\", \"-c\", \"echo other > $MFLOW_OUTPUT/out\"]",
+        ],
+    );
     assert_ok(&run);
     // `a` has a new key (its command changed); `b` and `c` changed with it.
     assert_entries_remain(&p, &keys, "run");
@@ -366,7 +393,8 @@ fn entries_the_log_does_not_vouch_for_are_set_aside_never_deleted() {
     std::fs::write(cache(&p).join(a).join("out"), "edited by hand\n").unwrap();
     assert_ok(&mflow(&p, &["run", "spec.toml"]));
     assert_eq!(std::fs::read_to_string(cache(&p).join(a).join("out")).unwrap(), "a-1\n");
-    let aside: Vec<PathBuf> = std::fs::read_dir(cache(&p).join(".unverified")).unwrap().flatten().map(|e| e.path()).collect();
+    let aside: Vec<PathBuf> =
+        std::fs::read_dir(cache(&p).join(".unverified")).unwrap().flatten().map(|e| e.path()).collect();
     assert_eq!(aside.len(), 1);
     assert_eq!(std::fs::read_to_string(aside[0].join("out")).unwrap(), "edited by hand\n");
     // Repair keeps it: no run record confirms those bytes.
@@ -379,7 +407,10 @@ fn entries_the_log_does_not_vouch_for_are_set_aside_never_deleted() {
 #[test]
 fn a_commit_error_names_the_file_and_its_cause() {
     // The stage puts a directory where the log is, after the run checked it.
-    let spec = chain("").replace("echo a-${vars.v} > $MFLOW_OUTPUT/out", "echo a > $MFLOW_OUTPUT/out; L=$MFLOW_OUTPUT/../../../.manifests.jsonl; rm -rf $L; mkdir -p $L");
+    let spec = chain("").replace(
+        "echo a-${vars.v} > $MFLOW_OUTPUT/out",
+        "echo a > $MFLOW_OUTPUT/out; L=$MFLOW_OUTPUT/../../../.manifests.jsonl; rm -rf $L; mkdir -p $L",
+    );
     let p = Project::new(&spec);
     let o = mflow(&p, &["run", "spec.toml"]);
     assert_ne!(code(&o), 0);
@@ -394,25 +425,50 @@ fn workdirs_mflow_does_not_own_are_refused_at_load() {
     std::fs::create_dir_all(project.join("foreign")).unwrap();
     std::fs::write(project.join("foreign/thesis.tex"), "mine").unwrap();
     let outside = p.file("outside");
-    for (workdir, says) in [("/", "root directory"), ("/etc", "system directory"), ("../outside", "outside the project"), ("foreign", "not empty")] {
+    for (workdir, says) in [
+        ("/", "root directory"),
+        ("/etc", "system directory"),
+        ("../outside", "outside the project"),
+        ("foreign", "not empty"),
+    ] {
         std::fs::write(project.join("spec.toml"), chain(&format!("workdir = {workdir:?}"))).unwrap();
         let before = tree(p.path());
         for cmd in ["run", "plan", "validate"] {
-            let o = bounded(Command::new(env!("CARGO_BIN_EXE_mflow")).args([cmd, "spec.toml"]).current_dir(&project).env("CI", "true"));
+            let o = bounded(
+                Command::new(env!("CARGO_BIN_EXE_mflow"))
+                    .args([cmd, "spec.toml"])
+                    .current_dir(&project)
+                    .env("CI", "true"),
+            );
             assert_eq!(code(&o), 2, "{cmd} with workdir {workdir}: {}", stderr(&o));
             let text = err(&o);
-            assert!(text.contains("mflow::spec::workdir") && text.contains(&format!("workdir = {workdir:?}")) && text.contains(says), "{workdir}: {text}");
+            assert!(
+                text.contains("mflow::spec::workdir")
+                    && text.contains(&format!("workdir = {workdir:?}"))
+                    && text.contains(says),
+                "{workdir}: {text}"
+            );
         }
         assert_eq!(tree(p.path()), before, "workdir {workdir}: something was written");
         assert!(!outside.exists());
     }
     // Through --set too.
     std::fs::write(project.join("spec.toml"), chain("")).unwrap();
-    let o = bounded(Command::new(env!("CARGO_BIN_EXE_mflow")).args(["run", "spec.toml", "--set", "pipeline.workdir=/etc"]).current_dir(&project).env("CI", "true"));
+    let o = bounded(
+        Command::new(env!("CARGO_BIN_EXE_mflow"))
+            .args(["run", "spec.toml", "--set", "pipeline.workdir=/etc"])
+            .current_dir(&project)
+            .env("CI", "true"),
+    );
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(err(&o).contains("--set pipeline.workdir=/etc"), "{}", stderr(&o));
     // An absolute path elsewhere is the explicit way out of the project.
-    let o = bounded(Command::new(env!("CARGO_BIN_EXE_mflow")).args(["run", "spec.toml", "--set", &format!("pipeline.workdir={}", outside.display())]).current_dir(&project).env("CI", "true"));
+    let o = bounded(
+        Command::new(env!("CARGO_BIN_EXE_mflow"))
+            .args(["run", "spec.toml", "--set", &format!("pipeline.workdir={}", outside.display())])
+            .current_dir(&project)
+            .env("CI", "true"),
+    );
     assert_ok(&o);
     assert!(outside.join(".mflow-workdir").is_file());
 }

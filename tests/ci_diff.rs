@@ -9,7 +9,11 @@ fn two_runs() -> (Project, String, String) {
     assert_eq!(code(&p.run(&[])), 0);
     let o = p.run(&["--set", "vars.final_loss=2.1"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let mut ids: Vec<String> = std::fs::read_dir(p.file(".mflow/runs")).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+    let mut ids: Vec<String> = std::fs::read_dir(p.file(".mflow/runs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
     ids.sort();
     (p, ids[0].clone(), ids[1].clone())
 }

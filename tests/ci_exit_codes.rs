@@ -77,7 +77,8 @@ fn a_link_or_fifo_in_an_output_is_the_stages_error_and_not_retried() {
         assert_eq!(code(&o), 1, "{make}: {}", stderr(&o));
         let rec = p.latest_record();
         assert_eq!(rec["stages"]["a"]["attempts"].as_array().unwrap().len(), 1, "{make}: retried as infra: {rec:#}");
-        assert!(rec["stages"]["a"]["message"].as_str().unwrap().starts_with("user: stage output contains"), "{rec:#}");
+        assert_eq!(rec["stages"]["a"]["class"], "user", "{rec:#}");
+        assert!(rec["stages"]["a"]["message"].as_str().unwrap().starts_with("stage output contains"), "{rec:#}");
         assert!(p.file(".mflow/cache/.staging").read_dir().unwrap().next().is_none(), "{make}: staging left behind");
     }
 }
@@ -96,7 +97,12 @@ fn a_spec_that_is_a_fifo_or_huge_is_refused_without_hanging() {
     let p = Project::new(OK);
     let fifo = p.file("fifo.toml");
     assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
-    let mut child = p.cmd(&["plan", "fifo.toml"]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut child = p
+        .cmd(&["plan", "fifo.toml"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let start = std::time::Instant::now();
     while child.try_wait().unwrap().is_none() {
         if start.elapsed() > std::time::Duration::from_secs(20) {

@@ -31,7 +31,8 @@ fn junit_has_one_testcase_per_stage() {
     assert!(first.contains("ran in 1 attempt(s)"), "{first}");
     // The second run finds `prepare` cached.
     let summary = p.file("summary.md");
-    let o = p.cmd(&["run", "spec.toml", "--junit", "out/junit.xml"]).env("GITHUB_STEP_SUMMARY", &summary).output().unwrap();
+    let o =
+        p.cmd(&["run", "spec.toml", "--junit", "out/junit.xml"]).env("GITHUB_STEP_SUMMARY", &summary).output().unwrap();
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     let xml = std::fs::read_to_string(p.file("out/junit.xml")).unwrap();
     let md = std::fs::read_to_string(&summary).unwrap();
@@ -46,8 +47,13 @@ fn checked_xml(xml: &str) -> String {
     let mut reader = quick_xml::Reader::from_str(xml);
     let mut cases = 0;
     loop {
-        match reader.read_event().unwrap_or_else(|e| panic!("invalid XML at {}: {e}\n{xml}", reader.buffer_position())) {
-            quick_xml::events::Event::Start(e) | quick_xml::events::Event::Empty(e) if e.name().as_ref() == b"testcase" => cases += 1,
+        match reader.read_event().unwrap_or_else(|e| panic!("invalid XML at {}: {e}\n{xml}", reader.buffer_position()))
+        {
+            quick_xml::events::Event::Start(e) | quick_xml::events::Event::Empty(e)
+                if e.name().as_ref() == b"testcase" =>
+            {
+                cases += 1
+            }
             quick_xml::events::Event::Eof => break,
             _ => {}
         }

@@ -32,7 +32,8 @@ fn webhook(failures: usize) -> (u16, mpsc::Receiver<serde_json::Value>) {
             let mut body = vec![0; len];
             reader.read_exact(&mut body).unwrap();
             let status = if n < failures { "503 Service Unavailable" } else { "200 OK" };
-            let _ = stream.write_all(format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").as_bytes());
+            let _ = stream
+                .write_all(format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").as_bytes());
             let _ = tx.send(serde_json::from_slice(&body).unwrap());
         }
     });

@@ -99,15 +99,27 @@ fn report_renders_in_headless_chromium() {
     let log = stderr(&o);
     assert!(o.status.success(), "chromium failed: {log}");
     // The page's own check ran and found every chart drawn with a non-empty box.
-    assert!(dom.contains("data-charts-rendered=\"4\""), "charts did not render:\n{log}\n{}", &dom[..dom.len().min(2000)]);
-    assert!(dom.matches("<svg").count() >= 4 && dom.contains("<polyline") && dom.contains("<rect"), "no SVG plot elements in the DOM");
+    assert!(
+        dom.contains("data-charts-rendered=\"4\""),
+        "charts did not render:\n{log}\n{}",
+        &dom[..dom.len().min(2000)]
+    );
+    assert!(
+        dom.matches("<svg").count() >= 4 && dom.contains("<polyline") && dom.contains("<rect"),
+        "no SVG plot elements in the DOM"
+    );
     let console: Vec<&str> = log.lines().filter(|l| l.contains("CONSOLE") || l.contains("Uncaught")).collect();
     assert!(console.is_empty(), "console messages: {console:#?}");
 
     // The screenshot for the docs: set MFLOW_REPORT_SCREENSHOT to a path to keep it.
     let shot = std::env::var_os("MFLOW_REPORT_SCREENSHOT").map(PathBuf::from).unwrap_or_else(|| p.file("shot.png"));
     let profile = tempfile::tempdir().unwrap();
-    let o = headless(profile.path()).arg(format!("--screenshot={}", shot.display())).arg("--window-size=1200,2400").arg(&page).output().unwrap();
+    let o = headless(profile.path())
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg("--window-size=1200,2400")
+        .arg(&page)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let png = std::fs::read(&shot).unwrap();
     assert_eq!(&png[..4], b"\x89PNG");

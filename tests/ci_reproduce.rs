@@ -31,7 +31,11 @@ fn project() -> Project {
 }
 
 fn first_run(p: &Project) -> String {
-    let mut ids: Vec<String> = std::fs::read_dir(p.file(".mflow/runs")).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+    let mut ids: Vec<String> = std::fs::read_dir(p.file(".mflow/runs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
     ids.sort();
     ids[0].clone()
 }

@@ -31,7 +31,10 @@ fn renders_valid_objects() {
     let yaml = stdout(&o);
     let docs = docs(&yaml);
     let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "CronJob"]);
+    assert_eq!(
+        kinds,
+        ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "CronJob"]
+    );
 
     let sa: ServiceAccount = typed(&docs[0]);
     assert_eq!(sa.metadata.name.as_deref(), Some("mflow-nightly"));
@@ -85,7 +88,12 @@ fn renders_valid_objects() {
 
 #[test]
 fn bad_schedules_are_invalid() {
-    for (cron, why) in [("0 3 * *", "4 fields"), ("61 * * * *", "minute: `61`"), ("*/0 * * * *", "step `0`"), ("@sometimes", "unknown macro")] {
+    for (cron, why) in [
+        ("0 3 * *", "4 fields"),
+        ("61 * * * *", "minute: `61`"),
+        ("*/0 * * * *", "step `0`"),
+        ("@sometimes", "unknown macro"),
+    ] {
         let p = Project::new(&include_str!("fixtures/ci/scheduled.toml").replace("0 3 * * *", cron));
         let o = p.mflow(&["schedule", "render", "spec.toml"]);
         assert_eq!(code(&o), 2, "{cron}");
@@ -187,14 +195,16 @@ fn a_spec_file_name_is_data_in_the_pods_script_never_shell() {
         std::fs::copy(p.file("spec.toml"), p.file(name)).unwrap();
         let pod = cron_job(&p, name).spec.job_template.spec.unwrap().template.spec.unwrap();
         let c = &pod.containers[0];
-        let env: std::collections::BTreeMap<String, String> = c.env.clone().unwrap().into_iter().map(|e| (e.name, e.value.unwrap_or_default())).collect();
+        let env: std::collections::BTreeMap<String, String> =
+            c.env.clone().unwrap().into_iter().map(|e| (e.name, e.value.unwrap_or_default())).collect();
         assert_eq!(env["PIPELINE_SPEC"], name);
         let script = &c.command.as_ref().unwrap()[2];
         assert!(!script.contains(name), "{script}");
         // The script as the pod's shell runs it: the mounts in a scratch directory, and an
         // `mflow` that records its arguments.
         let root = tempfile::tempdir().unwrap();
-        let (mount, dir, bin) = (root.path().join("etc-mflow"), root.path().join("pipelines/x"), root.path().join("bin"));
+        let (mount, dir, bin) =
+            (root.path().join("etc-mflow"), root.path().join("pipelines/x"), root.path().join("bin"));
         std::fs::create_dir_all(&mount).unwrap();
         std::fs::create_dir_all(&bin).unwrap();
         std::fs::write(mount.join("spec.toml"), "spec").unwrap();
@@ -242,7 +252,10 @@ fn pipelines_whose_names_differ_get_their_own_objects() {
             let p = Project::new(&fixture.replace("Nightly_GPT", pipeline));
             let cj = cron_job(&p, "spec.toml");
             let n = cj.metadata.name.unwrap();
-            assert!(n.len() <= 52 && n.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'), "{n}");
+            assert!(
+                n.len() <= 52 && n.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'),
+                "{n}"
+            );
             let env = cj.spec.job_template.spec.unwrap().template.spec.unwrap().containers[0].env.clone().unwrap();
             let dir = env.into_iter().find(|e| e.name == "PIPELINE_DIR").unwrap().value.unwrap();
             (n, dir)
@@ -261,7 +274,11 @@ fn pipelines_whose_names_differ_get_their_own_objects() {
 fn names_kubernetes_refuses_are_refused_at_render() {
     let fixture = include_str!("fixtures/ci/scheduled.toml");
     for (from, to, why) in [
-        ("service_account = \"mflow-nightly\"", "service_account = \"Mflow_Nightly\"", "service account \"Mflow_Nightly\""),
+        (
+            "service_account = \"mflow-nightly\"",
+            "service_account = \"Mflow_Nightly\"",
+            "service account \"Mflow_Nightly\"",
+        ),
         ("namespace = \"ml\"", "namespace = \"ML team\"", "namespace \"ML team\""),
     ] {
         let p = Project::new(&fixture.replace(from, to));

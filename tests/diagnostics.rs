@@ -7,7 +7,10 @@ fn render(path: &std::path::Path, overrides: &[String]) -> String {
     let name = std::path::Path::new("spec.toml");
     let err = mflow::spec::parse(name, &text, overrides).expect_err("the spec must be rejected");
     let mut out = String::new();
-    GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor()).with_width(100).render_report(&mut out, &err).unwrap();
+    GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
+        .with_width(100)
+        .render_report(&mut out, &err)
+        .unwrap();
     out
 }
 

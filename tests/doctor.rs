@@ -16,15 +16,25 @@ fn doctor_finds_modules_on_the_pythonpath_the_stages_get() {
     };
     let p = Project::new("");
     let site = p.file("site");
-    for (dir, version) in [("megatron", None), ("megatron/core", Some("0.13.0rc0+fake")), ("blake3", Some("9.9.9+fake"))] {
+    for (dir, version) in
+        [("megatron", None), ("megatron/core", Some("0.13.0rc0+fake")), ("blake3", Some("9.9.9+fake"))]
+    {
         std::fs::create_dir_all(site.join(dir)).unwrap();
         let init = version.map(|v| format!("__version__ = \"{v}\"\n")).unwrap_or_default();
         std::fs::write(site.join(dir).join("__init__.py"), init).unwrap();
     }
-    let o = p.cmd(&["doctor"]).env("MFLOW_PYTHON", &python).env("MFLOW_HOME", p.file("home")).env("PYTHONPATH", &site).env("CUDA_VISIBLE_DEVICES", "0").output().unwrap();
+    let o = p
+        .cmd(&["doctor"])
+        .env("MFLOW_PYTHON", &python)
+        .env("MFLOW_HOME", p.file("home"))
+        .env("PYTHONPATH", &site)
+        .env("CUDA_VISIBLE_DEVICES", "0")
+        .output()
+        .unwrap();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let out = stdout(&o);
-    let report: Value = out.lines().find_map(|l| serde_json::from_str(l).ok()).unwrap_or_else(|| panic!("no JSON report in {out}"));
+    let report: Value =
+        out.lines().find_map(|l| serde_json::from_str(l).ok()).unwrap_or_else(|| panic!("no JSON report in {out}"));
     assert_eq!(report["megatron_core"], "0.13.0rc0+fake", "{report}");
     assert_eq!(report["blake3"], "9.9.9+fake", "{report}");
     // One GPU by index; a name and memory too where torch or nvidia-smi knows them.
@@ -33,5 +43,7 @@ fn doctor_finds_modules_on_the_pythonpath_the_stages_get() {
 }
 
 fn which(name: &str) -> Result<std::path::PathBuf, ()> {
-    std::env::var_os("PATH").and_then(|path| std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())).ok_or(())
+    std::env::var_os("PATH")
+        .and_then(|path| std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()))
+        .ok_or(())
 }

@@ -356,7 +356,12 @@ fn an_output_is_listed_and_copied_whole() {
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("exists"), "{}", stderr(&o));
     // Nothing staged is left beside it.
-    let left: Vec<String> = std::fs::read_dir(p.path()).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.contains("partial")).collect();
+    let left: Vec<String> = std::fs::read_dir(p.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.contains("partial"))
+        .collect();
     assert!(left.is_empty(), "{left:?}");
 }
 
@@ -371,7 +376,10 @@ fn gc_keeps_what_recent_runs_use() {
     assert_eq!(p.cache_keys().len(), 4);
     // The manifest log keeps a line for each remaining entry only.
     let manifests = std::fs::read_to_string(p.file(".mflow/cache/.manifests.jsonl")).unwrap();
-    let mut logged: Vec<String> = manifests.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["key"].as_str().unwrap().to_string()).collect();
+    let mut logged: Vec<String> = manifests
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["key"].as_str().unwrap().to_string())
+        .collect();
     logged.sort();
     assert_eq!(logged, p.cache_keys());
     let o = p.run(&["--set", "vars.v_a=9"]);
@@ -502,7 +510,11 @@ run = ["sh", "-c", "for i in 1 2 3; do echo '/usr/lib/python3/dist-packages/mega
     let o = p.run(&[]);
     let err = stderr(&o);
     assert_eq!(code(&o), 0, "{err}");
-    assert_eq!(err.matches("warning (shown once): UserWarning: Transformer Engine is not installed").count(), 1, "{err}");
+    assert_eq!(
+        err.matches("warning (shown once): UserWarning: Transformer Engine is not installed").count(),
+        1,
+        "{err}"
+    );
     assert!(!err.contains("utils.py:123") && !err.contains("warnings.warn("), "{err}");
     assert!(err.contains("w | step 1: loss 2.5, 0 warnings"), "{err}");
 
@@ -512,7 +524,11 @@ run = ["sh", "-c", "for i in 1 2 3; do echo '/usr/lib/python3/dist-packages/mega
     // stdout and stderr are read apart, so the normal line's place among the others may vary.
     let mut logged: Vec<&str> = log.lines().collect();
     logged.sort_unstable();
-    let mut printed = ["/usr/lib/python3/dist-packages/megatron/core/utils.py:123: UserWarning: Transformer Engine is not installed", "  warnings.warn(\"Transformer Engine is not installed\")"].repeat(3);
+    let mut printed = [
+        "/usr/lib/python3/dist-packages/megatron/core/utils.py:123: UserWarning: Transformer Engine is not installed",
+        "  warnings.warn(\"Transformer Engine is not installed\")",
+    ]
+    .repeat(3);
     printed.push("step 1: loss 2.5, 0 warnings");
     printed.sort_unstable();
     assert_eq!(logged, printed);
@@ -540,4 +556,25 @@ fn native_stages_run_after_the_binary_was_replaced() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(p.latest_record()["stages"]["model"]["status"] == "succeeded");
+}
+
+/// `mflow run SPEC STAGE...` runs those stages and what they need, and nothing after them; a
+/// name that is no stage is refused before anything runs.
+#[test]
+fn named_stages_run_with_what_they_need_and_nothing_after() {
+    let p = project(&diamond());
+    let o = p.cmd(&["run", "spec.toml", "b"]).output().unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let mut ran = log(&p);
+    ran.sort();
+    assert_eq!(ran, ["a", "b"]);
+    let r = p.latest_record();
+    let stages: Vec<&String> = r["stages"].as_object().unwrap().keys().collect();
+    assert_eq!(stages, ["a", "b"], "the record holds the stages of this run");
+    let o = p.cmd(&["run", "spec.toml", "d", "c"]).output().unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(log(&p).len(), 4, "a and b were cached, c and d ran");
+    let o = p.cmd(&["run", "spec.toml", "nope"]).output().unwrap();
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("unknown stage `nope`"), "{}", stderr(&o));
 }

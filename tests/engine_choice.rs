@@ -28,7 +28,11 @@ fn plan_main(cvd: Option<&str>, driver: usize, extra: &[&str]) -> Output {
     }
     let mut c = Command::new(env!("CARGO_BIN_EXE_mflow"));
     c.arg("plan").arg(main_spec()).arg("--set").arg(format!("pipeline.workdir={}", tmp.path().join("work").display()));
-    c.args(extra).env("MFLOW_HOME", tmp.path().join("home")).env("MFLOW_NVIDIA_GPUS_DIR", &list).env("CI", "true").env_remove("CUDA_VISIBLE_DEVICES");
+    c.args(extra)
+        .env("MFLOW_HOME", tmp.path().join("home"))
+        .env("MFLOW_NVIDIA_GPUS_DIR", &list)
+        .env("CI", "true")
+        .env_remove("CUDA_VISIBLE_DEVICES");
     if let Some(v) = cvd {
         c.env("CUDA_VISIBLE_DEVICES", v);
     }
@@ -41,18 +45,29 @@ fn one_gpu_plans_the_main_job_on_the_reference_engine_and_says_why() {
     for o in [plan_main(Some("0"), 1, &[]), plan_main(None, 1, &[])] {
         assert_eq!(code(&o), 0, "{}", stderr(&o));
         let out = stdout(&o);
-        assert!(out.lines().any(|l| l == "train: engine reference (auto: tp x pp x dp = 2 needs 2 GPUs, 1 visible)"), "{out}");
+        assert!(
+            out.lines().any(|l| l == "train: engine reference (auto: tp x pp x dp = 2 needs 2 GPUs, 1 visible)"),
+            "{out}"
+        );
         // Evaluation at tp = 1 fits the one GPU.
         assert!(out.lines().any(|l| l == "evaluate: engine megatron (auto: tp = 1 needs 1 GPU, 1 visible)"), "{out}");
         assert!(out.lines().any(|l| l.starts_with("export: engine reference (")), "{out}");
     }
     let o = plan_main(None, 2, &[]);
-    assert!(stdout(&o).contains("train: engine megatron (auto: tp x pp x dp = 2 needs 2 GPUs, 2 visible)"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("train: engine megatron (auto: tp x pp x dp = 2 needs 2 GPUs, 2 visible)"),
+        "{}",
+        stdout(&o)
+    );
     let o = plan_main(None, 0, &[]);
     assert!(stdout(&o).contains("train: engine reference (auto: no GPU visible)"), "{}", stdout(&o));
     // CUDA_VISIBLE_DEVICES narrows the driver's list.
     let o = plan_main(Some("1"), 2, &[]);
-    assert!(stdout(&o).contains("train: engine reference (auto: tp x pp x dp = 2 needs 2 GPUs, 1 visible)"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("train: engine reference (auto: tp x pp x dp = 2 needs 2 GPUs, 1 visible)"),
+        "{}",
+        stdout(&o)
+    );
 
     // The JSON plan carries the same choice.
     let o = plan_main(Some("0"), 1, &["--format", "json"]);
@@ -70,7 +85,10 @@ fn an_explicit_megatron_on_too_few_gpus_is_refused_at_plan_time() {
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     // As one line: the report wraps long messages behind a margin.
     let err = stderr(&o).replace('│', " ").split_whitespace().collect::<Vec<_>>().join(" ");
-    assert!(err.contains("stage `train`: engine = \"megatron\" needs 2 GPUs (tp x pp x dp = 2, one per rank), 1 visible"), "{err}");
+    assert!(
+        err.contains("stage `train`: engine = \"megatron\" needs 2 GPUs (tp x pp x dp = 2, one per rank), 1 visible"),
+        "{err}"
+    );
     assert!(err.contains("lower tp/pp/dp until tp x pp x dp is at most 1"), "{err}");
     assert!(err.contains("set engine = \"auto\" or \"reference\""), "{err}");
     // Without any GPU, the same.
@@ -171,17 +189,26 @@ fn a_run_records_the_engine_and_doctor_sees_the_stages_environment() {
     let py = fake_python(&p);
     let site = p.file("site");
     let with = |c: &mut Command| {
-        c.env("MFLOW_PYTHON", &py).env("MFLOW_HOME", p.file("home")).env("CUDA_VISIBLE_DEVICES", "0").env("PYTHONPATH", &site).env("DUMP", p.path());
+        c.env("MFLOW_PYTHON", &py)
+            .env("MFLOW_HOME", p.file("home"))
+            .env("CUDA_VISIBLE_DEVICES", "0")
+            .env("PYTHONPATH", &site)
+            .env("DUMP", p.path());
     };
     let mut c = p.cmd(&["run", "spec.toml"]);
     with(&mut c);
     let o = c.output().unwrap();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    assert!(stderr(&o).contains("▶ train started: engine reference (auto: tp x pp x dp = 2 needs 2 GPUs, 1 visible)"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("▶ train started: engine reference (auto: tp x pp x dp = 2 needs 2 GPUs, 1 visible)"),
+        "{}",
+        stderr(&o)
+    );
     let r = p.latest_record();
     assert_eq!(r["stages"]["train"]["engine"]["name"], "reference", "{}", r["stages"]["train"]);
     assert_eq!(r["stages"]["train"]["engine"]["reason"], "auto: tp x pp x dp = 2 needs 2 GPUs, 1 visible");
-    let stage_env = std::fs::read_to_string(Path::new(r["stages"]["train"]["output"].as_str().unwrap()).join("env.txt")).unwrap();
+    let stage_env =
+        std::fs::read_to_string(Path::new(r["stages"]["train"]["output"].as_str().unwrap()).join("env.txt")).unwrap();
     assert_eq!(var(&stage_env, "CUDA_VISIBLE_DEVICES"), Some(""), "the reference engine's ranks run on CPU");
     assert_eq!(var(&stage_env, "PET_NPROC_PER_NODE"), Some("2"));
 
@@ -191,7 +218,10 @@ fn a_run_records_the_engine_and_doctor_sees_the_stages_environment() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let doctor_env = std::fs::read_to_string(p.file("doctor.env")).unwrap();
     let path = var(&stage_env, "PYTHONPATH").unwrap();
-    assert!(path.ends_with(&format!(":{}", site.display())), "the user's PYTHONPATH stays, after the workloads: {path}");
+    assert!(
+        path.ends_with(&format!(":{}", site.display())),
+        "the user's PYTHONPATH stays, after the workloads: {path}"
+    );
     for name in ["PYTHONPATH", "PYTHONUNBUFFERED"] {
         assert_eq!(var(&doctor_env, name), var(&stage_env, name), "{name}");
     }

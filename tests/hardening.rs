@@ -82,7 +82,8 @@ fn an_output_name_not_in_utf8_fails_the_stage_saying_so() {
     let stage = &rec["stages"]["names"];
     assert_eq!(stage["attempts"].as_array().unwrap().len(), 1, "retried as infra: {rec:#}");
     let message = stage["message"].as_str().unwrap();
-    assert!(message.starts_with("user: stage output file name \"a\\xFFb\" is not valid UTF-8"), "{message}");
+    assert_eq!(stage["class"], "user", "{rec:#}");
+    assert!(message.starts_with("stage output file name \"a\\xFFb\" is not valid UTF-8"), "{message}");
     assert!(err.contains("names") && err.contains("not valid UTF-8"), "{err}");
     assert!(p.file(".mflow/cache/.staging").read_dir().unwrap().next().is_none(), "staging left behind");
 }

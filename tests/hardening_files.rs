@@ -84,7 +84,10 @@ fn hardening_a_user_named_output_that_is_not_a_regular_file_is_written_in_place(
     assert!(std::fs::symlink_metadata(p.file("link.xml")).unwrap().file_type().is_symlink());
     assert!(std::fs::read_to_string(p.file("target.xml")).unwrap().contains("<testsuites"));
     // A regular file is written in place: its other name sees the report.
-    assert!(std::fs::read_to_string(p.file("kept")).unwrap().contains("<html"), "the report replaced the file instead of writing it");
+    assert!(
+        std::fs::read_to_string(p.file("kept")).unwrap().contains("<html"),
+        "the report replaced the file instead of writing it"
+    );
 
     // A FIFO with a reader gets the XML and stays a FIFO.
     let fifo = p.file("fifo");
@@ -288,7 +291,16 @@ const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 /// not a ref. The run ends, and mflow.lock holds a commit id or nothing.
 #[test]
 fn hardening_the_git_head_is_read_as_someone_elses_file() {
-    for head in ["fifo", "sparse", "ref: ../../dev/zero", "ref: SOME/FILE", "ref: refs/heads/zero", "ref: refs/heads/sparse", "ref: refs/heads/main", "plain"] {
+    for head in [
+        "fifo",
+        "sparse",
+        "ref: ../../dev/zero",
+        "ref: SOME/FILE",
+        "ref: refs/heads/zero",
+        "ref: refs/heads/sparse",
+        "ref: refs/heads/main",
+        "plain",
+    ] {
         let p = Project::new(&one(OK));
         let git = p.file(".git");
         std::fs::create_dir_all(git.join("objects")).unwrap();
@@ -320,7 +332,9 @@ fn hardening_the_git_head_is_read_as_someone_elses_file() {
 /// FIFO, a link to /dev/zero or a huge sparse file.
 #[test]
 fn hardening_record_files_read_back_by_report_and_logs_do_not_hang() {
-    let p = Project::new(&one("echo line; echo {\\\"step\\\": 1, \\\"loss\\\": 2} >> $MFLOW_METRICS; echo ok > $MFLOW_OUTPUT/out"));
+    let p = Project::new(&one(
+        "echo line; echo {\\\"step\\\": 1, \\\"loss\\\": 2} >> $MFLOW_METRICS; echo ok > $MFLOW_OUTPUT/out",
+    ));
     let o = p.run(&[]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let runs = p.file(".mflow/runs");
@@ -348,7 +362,8 @@ fn hardening_record_files_read_back_by_report_and_logs_do_not_hang() {
             assert!(said(&o).contains("showing its last") && o.stdout.len() as u64 <= 64 << 20, "{}", stderr(&o));
         } else {
             assert_ne!(code(&o), 0);
-            let want = if how == "fifo" { "a FIFO, not a regular file" } else { "a character device, not a regular file" };
+            let want =
+                if how == "fifo" { "a FIFO, not a regular file" } else { "a character device, not a regular file" };
             assert!(said(&o).contains("attempt-1.log") && said(&o).contains(want), "{how}: {}", stderr(&o));
         }
     }
@@ -396,7 +411,11 @@ fn hardening_an_input_deeper_than_the_walk_allows_is_refused() {
     std::fs::write(d.join("f"), "f").unwrap();
     let o = within(p.cmd(&["plan", "spec.toml"]));
     assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(said(&o).contains("mflow::plan::input_too_large") && said(&o).contains("directories deep"), "{}", stderr(&o));
+    assert!(
+        said(&o).contains("mflow::plan::input_too_large") && said(&o).contains("directories deep"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -410,7 +429,11 @@ fn hardening_a_glob_under_an_absolute_directory_may_not_follow_a_link_out_of_it(
     let o = within(p.cmd(&["plan", "spec.toml"]));
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     symlink("../secret", dir.join("away")).unwrap();
-    for inputs in [format!("[\"{}/*\"]", dir.display()), format!("[\"{}\"]", dir.display()), format!("[\"{}/**\"]", dir.display())] {
+    for inputs in [
+        format!("[\"{}/*\"]", dir.display()),
+        format!("[\"{}\"]", dir.display()),
+        format!("[\"{}/**\"]", dir.display()),
+    ] {
         p.write_spec(&reading(&inputs));
         let o = within(p.cmd(&["plan", "spec.toml"]));
         let err = said(&o);

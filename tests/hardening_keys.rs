@@ -24,7 +24,12 @@ fn keys(p: &Project) -> BTreeMap<String, String> {
     v.as_array()
         .unwrap()
         .iter()
-        .map(|d| (d["stage"].as_str().unwrap().to_string(), d["key"].as_str().unwrap_or_else(|| panic!("no key: {d}")).to_string()))
+        .map(|d| {
+            (
+                d["stage"].as_str().unwrap().to_string(),
+                d["key"].as_str().unwrap_or_else(|| panic!("no key: {d}")).to_string(),
+            )
+        })
         .collect()
 }
 

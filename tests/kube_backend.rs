@@ -68,7 +68,10 @@ impl Cluster {
     }
 
     async fn mflow(&self, args: &[&str]) -> Output {
-        tokio::time::timeout(Duration::from_secs(60), self.command(args).output()).await.expect("mflow finished in time").unwrap()
+        tokio::time::timeout(Duration::from_secs(60), self.command(args).output())
+            .await
+            .expect("mflow finished in time")
+            .unwrap()
     }
 
     fn trainjobs_created(&self) -> usize {
@@ -77,7 +80,8 @@ impl Cluster {
 
     fn latest_record(&self) -> Value {
         let runs = self.workdir().join("runs");
-        let mut ids: Vec<String> = std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+        let mut ids: Vec<String> =
+            std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
         ids.sort();
         let last = ids.last().expect("a run record");
         serde_json::from_slice(&std::fs::read(runs.join(last).join("run.json")).unwrap()).unwrap()
@@ -98,7 +102,8 @@ impl Cluster {
         let mut ids: Vec<String> = dir.flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
         ids.sort();
         let Some(last) = ids.last() else { return String::new() };
-        std::fs::read_to_string(runs.join(last).join(format!("stages/{stage}/attempt-{attempt}.log"))).unwrap_or_default()
+        std::fs::read_to_string(runs.join(last).join(format!("stages/{stage}/attempt-{attempt}.log")))
+            .unwrap_or_default()
     }
 }
 
@@ -107,7 +112,9 @@ fn text(o: &Output) -> String {
 }
 
 fn output_of(record: &Value, stage: &str) -> PathBuf {
-    PathBuf::from(record["stages"][stage]["output"].as_str().unwrap_or_else(|| panic!("{stage} has an output: {record:#}")))
+    PathBuf::from(
+        record["stages"][stage]["output"].as_str().unwrap_or_else(|| panic!("{stage} has an output: {record:#}")),
+    )
 }
 
 const TWO_STAGES: &str = r#"[stages.hello]
@@ -139,7 +146,13 @@ async fn a_pipeline_runs_as_trainjobs_and_is_cached_locally_and_in_the_cluster()
     assert!(log.contains("mflow: submitted TrainJob kube-demo-hello-"), "{log}");
 
     // The cluster's cache index has both outputs.
-    let index: Vec<Value> = cluster.api.shared.list("configmaps", NS).into_iter().filter(|c| c["metadata"]["labels"]["mflow.dev/component"] == "cache").collect();
+    let index: Vec<Value> = cluster
+        .api
+        .shared
+        .list("configmaps", NS)
+        .into_iter()
+        .filter(|c| c["metadata"]["labels"]["mflow.dev/component"] == "cache")
+        .collect();
     assert_eq!(index.len(), 2, "{index:#?}");
     let entry: Value = serde_json::from_str(index[0]["data"]["entry.json"].as_str().unwrap()).unwrap();
     assert!(Path::new(entry["output"].as_str().unwrap()).is_dir(), "{entry:#}");
@@ -183,19 +196,29 @@ run = ["sh", "-c", "if [ $MFLOW_ATTEMPT = 1 ]; then echo '{\"class\": \"infra\",
     assert_eq!(attempts[0]["outcome"], "infra");
     assert_eq!(attempts[0]["message"], "lost the node");
     assert_eq!(attempts[1]["outcome"], "success");
-    let names: Vec<String> = cluster.api.shared.list("trainjobs", NS).iter().map(|j| j["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    let names: Vec<String> = cluster
+        .api
+        .shared
+        .list("trainjobs", NS)
+        .iter()
+        .map(|j| j["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
     assert!(names.iter().any(|n| n.ends_with("-a2")), "{names:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_failure_names_the_rank_and_exit_code() {
     let cluster = Cluster::start().await;
-    let spec = cluster.spec("spec.toml", "[stages.broken]\nkind = \"command\"\nrun = [\"sh\", \"-c\", \"echo bad input >&2; exit 7\"]\n");
+    let spec = cluster.spec(
+        "spec.toml",
+        "[stages.broken]\nkind = \"command\"\nrun = [\"sh\", \"-c\", \"echo bad input >&2; exit 7\"]\n",
+    );
     let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let record = cluster.latest_record();
     let message = record["stages"]["broken"]["message"].as_str().unwrap();
-    assert!(message.starts_with("user: rank 0: container node exited with code 7"), "{message}");
+    assert_eq!(record["stages"]["broken"]["class"], "user");
+    assert!(message.starts_with("rank 0: container node exited with code 7"), "{message}");
     assert!(cluster.attempt_log("broken", 1).contains("[rank 0] bad input"));
 }
 
@@ -224,7 +247,11 @@ impl Cluster {
 
     fn trainjob_completed(&self) -> bool {
         self.api.shared.list("trainjobs", NS).iter().any(|j| {
-            j["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "Complete" && c["status"] == "True")
+            j["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Complete" && c["status"] == "True")
         })
     }
 }
@@ -294,7 +321,8 @@ async fn missing_permissions_stop_the_run_before_it_starts() {
     assert!(!cluster.workdir().join("runs").exists(), "a run started");
 }
 
-const ONE_STAGE: &str = "[stages.hello]\nkind = \"command\"\nrun = [\"sh\", \"-c\", \"echo hi > $MFLOW_OUTPUT/greeting.txt\"]\n";
+const ONE_STAGE: &str =
+    "[stages.hello]\nkind = \"command\"\nrun = [\"sh\", \"-c\", \"echo hi > $MFLOW_OUTPUT/greeting.txt\"]\n";
 
 /// Runs `spec`, expecting it to stop before any TrainJob with `code`; returns stderr.
 async fn refused(cluster: &Cluster, spec: &Path, code: i32) -> String {
@@ -314,7 +342,8 @@ async fn an_unreachable_cluster_is_reported_before_anything_runs() {
     let spec = cluster.spec("spec.toml", ONE_STAGE);
     // A kubeconfig naming a port where nothing listens.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let text = std::fs::read_to_string(&cluster.kubeconfig).unwrap().replace(&cluster.api.url(), &format!("http://{closed}"));
+    let text =
+        std::fs::read_to_string(&cluster.kubeconfig).unwrap().replace(&cluster.api.url(), &format!("http://{closed}"));
     std::fs::write(&cluster.kubeconfig, text).unwrap();
     let err = refused(&cluster, &spec, 3).await;
     assert!(err.contains("mflow::kube::unreachable"), "{err}");
@@ -326,10 +355,15 @@ async fn an_unreachable_cluster_is_reported_before_anything_runs() {
 async fn a_missing_runtime_lists_the_runtimes_that_exist() {
     let cluster = Cluster::start().await;
     let spec = cluster.spec("spec.toml", ONE_STAGE);
-    let text = std::fs::read_to_string(&spec).unwrap().replace("[pipeline.kubernetes]\n", "[pipeline.kubernetes]\ncpu_runtime = \"mflow-small\"\n");
+    let text = std::fs::read_to_string(&spec)
+        .unwrap()
+        .replace("[pipeline.kubernetes]\n", "[pipeline.kubernetes]\ncpu_runtime = \"mflow-small\"\n");
     std::fs::write(&spec, text).unwrap();
     let err = refused(&cluster, &spec, 3).await;
-    assert!(err.contains("ClusterTrainingRuntime \"mflow-small\" does not exist (existing: mflow-cpu, mflow-torch)"), "{err}");
+    assert!(
+        err.contains("ClusterTrainingRuntime \"mflow-small\" does not exist (existing: mflow-cpu, mflow-torch)"),
+        "{err}"
+    );
     assert!(err.contains("examples/kubernetes/runtime.yaml"), "{err}");
 }
 
@@ -380,7 +414,9 @@ async fn render_prints_the_trainjobs_without_a_cluster() {
     let o = cluster.mflow(&["render", spec.to_str().unwrap()]).await;
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let yaml = String::from_utf8_lossy(&o.stdout);
-    let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&yaml).map(|d| serde_yaml::with::singleton_map_recursive::deserialize(d).unwrap()).collect();
+    let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&yaml)
+        .map(|d| serde_yaml::with::singleton_map_recursive::deserialize(d).unwrap())
+        .collect();
     let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
     assert_eq!(kinds.iter().filter(|k| **k == "TrainJob").count(), 2, "{yaml}");
     assert_eq!(cluster.trainjobs_created(), 0);
@@ -401,7 +437,10 @@ async fn dry_run_submits_nothing_and_reports_each_stage() {
     assert!(out.contains("(stage shout): accepted (server-side dry run)"), "{out}");
     assert!(cluster.api.shared.list("trainjobs", NS).is_empty(), "a dry run stores nothing");
 
-    let bad = cluster.spec("bad.toml", "[stages.bloated]\nkind = \"command\"\nresources = { memory = \"lots\" }\nrun = [\"true\"]\n");
+    let bad = cluster.spec(
+        "bad.toml",
+        "[stages.bloated]\nkind = \"command\"\nresources = { memory = \"lots\" }\nrun = [\"true\"]\n",
+    );
     let o = cluster.mflow(&["run", "--dry-run", bad.to_str().unwrap()]).await;
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("(stage bloated): rejected"), "{}", text(&o));
@@ -480,19 +519,28 @@ async fn the_shipped_rbac_is_what_mflow_kube_rbac_renders_and_what_the_preflight
     let cluster = Cluster::start().await;
     let o = cluster.mflow(&["kube", "rbac", "--namespace", "ml"]).await;
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/kubernetes/rbac.yaml")).unwrap();
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/kubernetes/rbac.yaml")).unwrap();
     let rendered = String::from_utf8_lossy(&o.stdout);
     let body = |s: &str| s.lines().skip_while(|l| l.starts_with('#')).collect::<Vec<_>>().join("\n");
-    assert_eq!(body(&shipped), body(&rendered), "examples/kubernetes/rbac.yaml differs from `mflow kube rbac --namespace ml`");
+    assert_eq!(
+        body(&shipped),
+        body(&rendered),
+        "examples/kubernetes/rbac.yaml differs from `mflow kube rbac --namespace ml`"
+    );
 
     // The fake server enforces exactly those rules: the preflight passes, and without one of
     // them it names what is missing and how to grant it in this namespace.
-    let rules: Vec<(String, String)> = mflow_kube::rbac::RULES.iter().flat_map(|r| r.verbs.iter().map(|v| (v.to_string(), r.resource.to_string()))).collect();
+    let rules: Vec<(String, String)> = mflow_kube::rbac::RULES
+        .iter()
+        .flat_map(|r| r.verbs.iter().map(|v| (v.to_string(), r.resource.to_string())))
+        .collect();
     cluster.api.shared.inner.lock().unwrap().allowed = Some(rules.iter().cloned().collect());
     let spec = cluster.spec("spec.toml", ONE_STAGE);
     let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    cluster.api.shared.inner.lock().unwrap().allowed = Some(rules.into_iter().filter(|(v, r)| !(v == "list" && r == "events")).collect());
+    cluster.api.shared.inner.lock().unwrap().allowed =
+        Some(rules.into_iter().filter(|(v, r)| !(v == "list" && r == "events")).collect());
     let spec = cluster.spec("other.toml", &ONE_STAGE.replace("hi", "ho"));
     let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
@@ -510,7 +558,10 @@ async fn python_stages_on_the_cluster_need_no_python_here() {
         std::fs::create_dir_all(cluster.dir.path().join(d)).unwrap();
         std::fs::write(cluster.dir.path().join(d).join("stand-in"), d).unwrap();
     }
-    let spec = cluster.spec("spec.toml", "[stages.train]\nkind = \"train\"\nmodel = \"shards\"\ndata = \"data\"\ntp = 2\niterations = 1\n");
+    let spec = cluster.spec(
+        "spec.toml",
+        "[stages.train]\nkind = \"train\"\nmodel = \"shards\"\ndata = \"data\"\ntp = 2\niterations = 1\n",
+    );
     let home = cluster.dir.path().join("home");
     let mut cmd = cluster.command(&["run", spec.to_str().unwrap()]);
     cmd.env("MFLOW_HOME", &home).env_remove("MFLOW_PYTHON").env("PATH", "/nonexistent");

@@ -135,11 +135,19 @@ async fn rejected_credentials_are_said_as_such_by_every_command_with_exit_2() {
         let words = words_of(&mflow(dir.path(), &kc, &args, &[]).await, 2, &what);
         assert!(words.contains(&format!("the Kubernetes API server at {}/ rejected the credentials of context \"dev\" (user \"alice\") (HTTP 401: Unauthorized)", server.url)), "{what}: {words}");
         assert!(words.contains("kubectl create token"), "{what}: the way forward is missing: {words}");
-        assert!(!words.contains("forbidden") && !words.contains("mflow kube rbac"), "{what}: rights advice for a rejected credential: {words}");
+        assert!(
+            !words.contains("forbidden") && !words.contains("mflow kube rbac"),
+            "{what}: rights advice for a rejected credential: {words}"
+        );
     }
     assert!(!dir.path().join("wd/runs").exists(), "a run started");
     // The token did reach the server: the test would see a leak if there were one.
-    assert!(server.seen.lock().unwrap().iter().any(|h| h.to_lowercase().contains(&format!("authorization: bearer {}", TOKEN.to_lowercase()))));
+    assert!(server
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|h| h.to_lowercase().contains(&format!("authorization: bearer {}", TOKEN.to_lowercase()))));
 
     // Not at the most verbose log level either.
     let o = mflow(dir.path(), &kc, &["run", spec.to_str().unwrap()], &[("RUST_LOG", "trace")]).await;
@@ -157,22 +165,36 @@ async fn kubeconfig_mistakes_are_the_users_to_fix() {
     let missing = dir.path().join("no-such-kubeconfig");
     for args in [&run[..], &runs[..]] {
         let words = words_of(&mflow(dir.path(), &missing, args, &[]).await, 2, "a missing kubeconfig");
-        assert!(words.contains(&format!("cannot read the kubeconfig {}: the file does not exist", missing.display())), "{words}");
+        assert!(
+            words.contains(&format!("cannot read the kubeconfig {}: the file does not exist", missing.display())),
+            "{words}"
+        );
         assert!(words.contains("KUBECONFIG"), "{words}");
     }
 
     let broken = dir.path().join("broken-kubeconfig");
-    std::fs::write(&broken, format!("apiVersion: v1\nusers:\n- name: alice\n  user:\n    token: {TOKEN}\n  clusters: [\n")).unwrap();
+    std::fs::write(
+        &broken,
+        format!("apiVersion: v1\nusers:\n- name: alice\n  user:\n    token: {TOKEN}\n  clusters: [\n"),
+    )
+    .unwrap();
     for args in [&run[..], &runs[..]] {
         let words = words_of(&mflow(dir.path(), &broken, args, &[]).await, 2, "a kubeconfig of broken YAML");
-        assert!(words.contains(&format!("cannot read the kubeconfig {}: not a valid kubeconfig (YAML)", broken.display())), "{words}");
+        assert!(
+            words.contains(&format!("cannot read the kubeconfig {}: not a valid kubeconfig (YAML)", broken.display())),
+            "{words}"
+        );
     }
 
     let kc = kubeconfig(dir.path(), &server.url, "ml");
     let other = dir.path().join("other");
     std::fs::create_dir_all(&other).unwrap();
     let spec = self::spec(&other, "context = \"prod\"");
-    let words = words_of(&mflow(dir.path(), &kc, &["run", spec.to_str().unwrap()], &[]).await, 2, "an unknown context in the spec");
+    let words = words_of(
+        &mflow(dir.path(), &kc, &["run", spec.to_str().unwrap()], &[]).await,
+        2,
+        "an unknown context in the spec",
+    );
     assert!(words.contains("the kubeconfig has no context \"prod\" (contexts: dev, staging)"), "{words}");
     let words = words_of(&mflow(dir.path(), &kc, &["runs", "--context", "prod"], &[]).await, 2, "an unknown --context");
     assert!(words.contains("the kubeconfig has no context \"prod\" (contexts: dev, staging)"), "{words}");
@@ -190,19 +212,38 @@ async fn a_missing_namespace_is_said_as_such() {
     let dir = tempfile::tempdir().unwrap();
     let kc = kubeconfig(dir.path(), &api.url(), "nowhere");
     let spec = spec(dir.path(), "");
-    for args in [vec!["run", spec.to_str().unwrap()], vec!["runs", "--backend", "kubernetes"], vec!["status", "--backend", "kubernetes"], vec!["cancel", "20260101-000000-000-aaaa"]] {
+    for args in [
+        vec!["run", spec.to_str().unwrap()],
+        vec!["runs", "--backend", "kubernetes"],
+        vec!["status", "--backend", "kubernetes"],
+        vec!["cancel", "20260101-000000-000-aaaa"],
+    ] {
         let what = args.join(" ");
         let words = words_of(&mflow(dir.path(), &kc, &args, &[]).await, 2, &what);
-        assert!(words.contains(&format!("namespace \"nowhere\" does not exist on the cluster at {}/", api.url())), "{what}: {words}");
+        assert!(
+            words.contains(&format!("namespace \"nowhere\" does not exist on the cluster at {}/", api.url())),
+            "{what}: {words}"
+        );
         assert!(words.contains("kubectl create namespace nowhere"), "{what}: {words}");
         assert!(!words.contains("PersistentVolumeClaim"), "{what}: {words}");
     }
     assert!(!dir.path().join("wd/runs").exists(), "a run started");
     // The same spec in the namespace that exists passes the preflight's namespace check.
-    let words = words_of(&mflow(dir.path(), &kc, &["runs", "--backend", "kubernetes", "--namespace", "ml"], &[]).await, 0, "runs in ml");
+    let words = words_of(
+        &mflow(dir.path(), &kc, &["runs", "--backend", "kubernetes", "--namespace", "ml"], &[]).await,
+        0,
+        "runs in ml",
+    );
     assert!(words.contains("no runs started outside the cluster in namespace ml"), "{words}");
 
     let long = format!("team{}", "a".repeat(66));
-    let words = words_of(&mflow(dir.path(), &kc, &["runs", "--backend", "kubernetes", "--namespace", &long], &[]).await, 2, "a long namespace");
-    assert!(words.contains(&format!("namespace \"{long}\" is 70 characters long; Kubernetes allows at most 63")), "{words}");
+    let words = words_of(
+        &mflow(dir.path(), &kc, &["runs", "--backend", "kubernetes", "--namespace", &long], &[]).await,
+        2,
+        "a long namespace",
+    );
+    assert!(
+        words.contains(&format!("namespace \"{long}\" is 70 characters long; Kubernetes allows at most 63")),
+        "{words}"
+    );
 }

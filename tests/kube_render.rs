@@ -71,8 +71,7 @@ fn write_spec(dir: &Path, data_resources: &str) -> PathBuf {
 }
 
 fn plan_of(spec: &Path) -> (mflow::plan::Plan, mflow::cache::Store) {
-    let mut s = mflow::spec::load(spec, &[]).unwrap_or_else(|e| panic!("{:?}", miette::Report::new(e)));
-    mflow::backend::choose(&mut s, None);
+    let s = mflow::spec::load(spec, &[]).unwrap_or_else(|e| panic!("{:?}", miette::Report::new(e)));
     let env = mflow::env::Environment::detect(None);
     let store = mflow::cache::Store::open(&s.workdir()).unwrap();
     let plan = mflow::plan::build(s, &env).unwrap_or_else(|e| panic!("{:?}", miette::Report::new(e)));
@@ -116,22 +115,23 @@ resources = { gpus = 2 }
 "#,
     );
     std::fs::write(&spec, text).unwrap();
-    let mut s = mflow::spec::load(&spec, &[]).unwrap_or_else(|e| panic!("{:?}", miette::Report::new(e)));
+    std::fs::write(dir.path().join("corpus.txt"), "some text\n").unwrap();
+    let s = mflow::spec::load(&spec, &[]).unwrap_or_else(|e| panic!("{:?}", miette::Report::new(e)));
     let local = mflow::env::Environment::detect(None);
-    let engine = |s: &mflow::spec::Spec, stage: &str| s.stage(stage).unwrap().params.get("engine").and_then(Value::as_str).map(str::to_string);
-    assert_eq!(engine(&s, "train_gpu").as_deref(), Some("auto"), "the loaded spec is unresolved");
-
-    mflow::backend::choose(&mut s, None);
-    assert_eq!(engine(&s, "train_gpu").as_deref(), Some("megatron"));
-    assert_eq!(engine(&s, "train").as_deref(), Some("reference"));
-    assert_eq!(engine(&s, "train_pinned").as_deref(), Some("reference"), "an explicit engine is kept");
     assert_eq!(mflow::backend::stage_gpus(&s, s.stage("train_gpu").unwrap(), &local), 4, "2 GPUs on each of 2 nodes");
     assert_eq!(mflow::backend::stage_gpus(&s, s.stage("train").unwrap(), &local), 0);
+    // The spec stays as written; the plan says which engine runs and why.
+    assert_eq!(s.stage("train_gpu").unwrap().params["engine"], "auto", "the loaded spec is unresolved");
+    let plan = mflow::plan::build(s, &mflow::env::Environment::detect(None).stages_in_images())
+        .unwrap_or_else(|e| panic!("{:?}", miette::Report::new(e)));
+    let engine = |stage: &str| plan.stages[plan.index(stage).unwrap()].engine.clone().unwrap();
+    assert_eq!(engine("train_gpu").name, "megatron");
+    assert_eq!(engine("train_gpu").reason, "kubernetes: resources.gpus x nodes = 4");
+    assert_eq!(engine("train").name, "reference");
+    assert_eq!(engine("train_pinned").name, "reference", "an explicit engine is kept");
 
     // On the local backend the machine decides, as before.
-    let mut s = mflow::spec::load(&spec, &[]).unwrap();
-    mflow::backend::choose(&mut s, Some("local"));
-    assert_eq!(engine(&s, "train_gpu").as_deref(), Some("auto"));
+    let s = mflow::spec::load_on(&spec, &[], Some(mflow::spec::BackendKind::Local)).unwrap();
     assert_eq!(mflow::backend::stage_gpus(&s, s.stage("train_gpu").unwrap(), &local), local.gpus.len());
 }
 
@@ -143,7 +143,11 @@ fn a_reshard_stage_inserted_by_planning_runs_as_a_trainjob_too() {
     let (plan, store) = plan_of(&write_spec(dir.path(), evaluate));
     assert!(plan.index("evaluate-reshard").is_some());
     let yaml = render::render(&plan, &store).unwrap();
-    let stages: Vec<String> = documents(&yaml).iter().filter(|d| d["kind"] == "TrainJob").map(|j| j["metadata"]["annotations"]["mflow.dev/stage-name"].as_str().unwrap().to_string()).collect();
+    let stages: Vec<String> = documents(&yaml)
+        .iter()
+        .filter(|d| d["kind"] == "TrainJob")
+        .map(|j| j["metadata"]["annotations"]["mflow.dev/stage-name"].as_str().unwrap().to_string())
+        .collect();
     assert!(stages.contains(&"evaluate-reshard".to_string()), "{stages:?}");
     assert!(stages.contains(&"evaluate".to_string()), "{stages:?}");
 }
@@ -163,7 +167,12 @@ fn render_prints_every_object_a_run_would_submit() {
     let cm_name = workloads["metadata"]["name"].as_str().unwrap();
 
     let jobs: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "TrainJob").collect();
-    let stage = |name: &str| *jobs.iter().find(|j| j["metadata"]["annotations"]["mflow.dev/stage-name"] == name).unwrap_or_else(|| panic!("no TrainJob for {name}"));
+    let stage = |name: &str| {
+        *jobs
+            .iter()
+            .find(|j| j["metadata"]["annotations"]["mflow.dev/stage-name"] == name)
+            .unwrap_or_else(|| panic!("no TrainJob for {name}"))
+    };
     assert_eq!(jobs.len(), 6, "{yaml}");
     let mut names = std::collections::BTreeSet::new();
     for job in &jobs {
@@ -183,7 +192,9 @@ fn render_prints_every_object_a_run_would_submit() {
     let image = |j: &Value| j["spec"]["trainer"]["image"].as_str().unwrap().to_string();
     let argv = |j: &Value| -> Vec<String> {
         let mut v = vec![j["spec"]["trainer"]["command"][0].as_str().unwrap().to_string()];
-        v.extend(j["spec"]["trainer"]["args"].as_array().into_iter().flatten().map(|a| a.as_str().unwrap().to_string()));
+        v.extend(
+            j["spec"]["trainer"]["args"].as_array().into_iter().flatten().map(|a| a.as_str().unwrap().to_string()),
+        );
         v
     };
     for cpu in ["model", "convert", "data"] {
@@ -206,7 +217,9 @@ fn render_prints_every_object_a_run_would_submit() {
     // A CPU stage's request follows its ranks: one core each.
     assert_eq!(train["spec"]["trainer"]["resourcesPerNode"]["requests"]["cpu"], "2", "{train:#}");
     assert!(env_of(train).contains(&("PYTHONPATH".into(), "/opt/mflow/workloads/mflow_workloads.zip".into())));
-    let volumes = train["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["volumes"].to_string();
+    let volumes = train["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        ["template"]["spec"]["template"]["spec"]["volumes"]
+        .to_string();
     assert!(volumes.contains(cm_name), "{volumes}");
 
     // Export with verification needs Python: the train image, both steps in one shell.
@@ -219,7 +232,10 @@ fn render_prints_every_object_a_run_would_submit() {
 
     // Keys downstream of outputs not computed yet are provisional, and say so.
     assert!(!yaml.contains("# stage model\n# provisional"), "{yaml}");
-    assert!(yaml.contains("# stage train\n# provisional key and name: they depend on the output of `convert`"), "{yaml}");
+    assert!(
+        yaml.contains("# stage train\n# provisional key and name: they depend on the output of `convert`"),
+        "{yaml}"
+    );
     assert!(!dir.path().join("volume/kube-render/runs").exists(), "rendering wrote a run");
 }
 
@@ -227,7 +243,10 @@ fn render_prints_every_object_a_run_would_submit() {
 fn the_shipped_specs_render_with_mflows_own_images() {
     // No images in the spec: mflow's own, of this version.
     let dir = tempfile::tempdir().unwrap();
-    let text = pipeline(&dir.path().join("volume/kube-render"), "").replace("image = \"ghcr.io/mflow-dev/mflow-cpu:0.1.0\"\ntrain_image = \"ghcr.io/mflow-dev/mflow:0.1.0\"\n", "");
+    let text = pipeline(&dir.path().join("volume/kube-render"), "").replace(
+        "image = \"ghcr.io/mflow-dev/mflow-cpu:0.1.0\"\ntrain_image = \"ghcr.io/mflow-dev/mflow:0.1.0\"\n",
+        "",
+    );
     std::fs::write(dir.path().join("corpus.txt"), "fn main() {}\n".repeat(50)).unwrap();
     let spec = dir.path().join("spec.toml");
     std::fs::write(&spec, text).unwrap();
@@ -274,5 +293,8 @@ async fn dry_run_sends_every_object_and_stores_nothing() {
     assert_eq!(failed.len(), 1, "{:?}", failed.iter().map(|r| &r.stage).collect::<Vec<_>>());
     assert_eq!(failed[0].stage, "data");
     let why = failed[0].result.as_ref().unwrap_err().explain();
-    assert!(why.contains("rejected TrainJob") && why.contains("of stage \"data\"") && why.contains("is invalid"), "{why}");
+    assert!(
+        why.contains("rejected TrainJob") && why.contains("of stage \"data\"") && why.contains("is invalid"),
+        "{why}"
+    );
 }

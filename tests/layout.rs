@@ -13,7 +13,10 @@ use serde_json::json;
 
 fn render(err: &dyn miette::Diagnostic) -> String {
     let mut out = String::new();
-    GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor()).with_width(100).render_report(&mut out, err).unwrap();
+    GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
+        .with_width(100)
+        .render_report(&mut out, err)
+        .unwrap();
     out
 }
 
@@ -81,4 +84,26 @@ fn train_at_another_layout_reads_a_reshard() {
     // The same layout on both sides inserts nothing.
     let plan = plan_with(&["stages.train.pp=2", "stages.convert.pp=2"]);
     assert!(plan.index("train-reshard").is_none());
+}
+
+/// An inserted reshard never shares its MFLOW_INPUT_<NAME> variable with a stage of the spec:
+/// `evaluate_reshard` and `evaluate-reshard` would both be MFLOW_INPUT_EVALUATE_RESHARD.
+#[test]
+fn an_inserted_reshard_takes_no_variable_of_a_stage_of_the_spec() {
+    let work = tempfile::tempdir().unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/gpt-tp2.toml");
+    for user in ["evaluate_reshard", "Evaluate-Reshard", "EVALUATE_RESHARD"] {
+        let text = std::fs::read_to_string(&path).unwrap()
+            + &format!("\n[stages.{user}]\nkind = \"command\"\nrun = [\"true\"]\n");
+        let sets = vec!["stages.train.pp=2".to_string(), format!("pipeline.workdir={}", work.path().display())];
+        let spec = mflow::spec::parse(&path, &text, &sets).unwrap();
+        let plan = mflow::plan::build(spec, &mflow::env::Environment::detect(None)).unwrap();
+        let mut vars: Vec<String> = plan.stages.iter().map(|s| mflow::spec::input_var(&s.spec.name)).collect();
+        let n = vars.len();
+        vars.sort();
+        vars.dedup();
+        assert_eq!(vars.len(), n, "{user}: two stages share a variable: {vars:?}");
+        let inserted: Vec<&str> = plan.stages.iter().filter(|s| s.inserted).map(|s| s.spec.name.as_str()).collect();
+        assert!(inserted.contains(&"evaluate-reshard-2"), "{user}: {inserted:?}");
+    }
 }

@@ -79,7 +79,9 @@ impl Running {
         let path = self.dir.join("pids").join(name);
         let t = Instant::now();
         loop {
-            if let Some(pid) = std::fs::read_to_string(&path).ok().filter(|s| s.ends_with('\n')).and_then(|s| s.trim().parse().ok()) {
+            if let Some(pid) =
+                std::fs::read_to_string(&path).ok().filter(|s| s.ends_with('\n')).and_then(|s| s.trim().parse().ok())
+            {
                 let start = stat(pid).map(|s| s.start).unwrap_or(0);
                 self.seen.push((pid, start, name.to_string()));
                 return pid;
@@ -114,7 +116,8 @@ impl Running {
 
     /// Processes of this mflow (its attempt tag) or written down by its stages, still running.
     fn survivors(&self) -> Vec<String> {
-        let mut out: Vec<String> = tagged(self.pid).into_iter().map(|(pid, name)| format!("{pid} {name} (tagged)")).collect();
+        let mut out: Vec<String> =
+            tagged(self.pid).into_iter().map(|(pid, name)| format!("{pid} {name} (tagged)")).collect();
         for (pid, start, file) in &self.seen {
             if stat(*pid).is_some_and(|s| s.start == *start && !s.zombie) {
                 out.push(format!("{pid} ({file})"));
@@ -355,7 +358,11 @@ fn the_timeout_ends_escaped_processes_that_ignore_sigterm() {
 #[test]
 fn a_setsid_escapee_under_a_timeout_neither_hangs_mflow_nor_outlives_the_stage() {
     // The trial's case: the main process is gone at once, its escaped child holds the pipes.
-    let c = Case::new(&[("s", "timeout = \"1s\"", "setsid sleep 1000 & echo $! > {dir}/pids/escaped; sleep 0.2; echo ok > $MFLOW_OUTPUT/ok")]);
+    let c = Case::new(&[(
+        "s",
+        "timeout = \"1s\"",
+        "setsid sleep 1000 & echo $! > {dir}/pids/escaped; sleep 0.2; echo ok > $MFLOW_OUTPUT/ok",
+    )]);
     let mut r = c.start(&[]);
     let t = Instant::now();
     r.pid("escaped");
@@ -417,6 +424,73 @@ fn sighup_is_handled_as_sigterm() {
     eprintln!("exited {took:?} after SIGHUP");
 }
 
+/// Every other signal whose default would end mflow (Ctrl-\\ at a terminal, a batch system's
+/// limits, a user's `kill -USR1`) interrupts as SIGTERM does: the record is written and no stage
+/// process is left.
+#[test]
+fn every_catchable_signal_that_would_end_mflow_interrupts_and_records() {
+    for sig in [
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGALRM,
+        libc::SIGXCPU,
+        libc::SIGXFSZ,
+        libc::SIGVTALRM,
+        libc::SIGPROF,
+    ] {
+        let (c, mut r) = started(ESCAPED, "", &[("MFLOW_KILL_GRACE", "60")]);
+        let t = Instant::now();
+        r.signal(sig);
+        let took = assert_stopped(&c, &mut r, t, Duration::from_secs(5), 143, "interrupted");
+        eprintln!("signal {sig}: exited {took:?} after it");
+    }
+}
+
+/// An environment setting that mflow cannot use is refused before anything runs, naming the
+/// variable, as a value of the spec would be: never a panic later, never silently ignored.
+#[test]
+fn bad_settings_in_the_environment_are_refused_naming_the_variable() {
+    let c = Case::new(&[("s", "", "echo ok > $MFLOW_OUTPUT/ok")]);
+    for (var, value) in [
+        ("MFLOW_KILL_GRACE", "-5"),
+        ("MFLOW_KILL_GRACE", "1e300"),
+        ("MFLOW_KILL_GRACE", "soon"),
+        ("MFLOW_UPLOAD_MAX_BYTES", "2GB"),
+        ("MFLOW_DOWNLOAD_MAX_BYTES", "0"),
+        ("MFLOW_HUB_MAX_FILE_BYTES", "-1"),
+        ("MFLOW_MEMORY_BUDGET", "lots"),
+    ] {
+        let o = c.p.cmd(&["run", "spec.toml"]).env(var, value).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert_eq!(o.status.code(), Some(2), "{var}={value}: {err}");
+        assert!(err.contains(&format!("{var}={value}")) && err.contains("mflow::settings::invalid"), "{err}");
+        assert!(!c.p.file(".mflow/runs").exists(), "{var}={value}: a run started");
+    }
+    let o = c.p.cmd(&["run", "spec.toml"]).env("MFLOW_KILL_GRACE", "2.5").output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// SIGKILL cannot be caught: the record stays `running`, and `mflow runs` and `mflow status`
+/// say that its process is gone.
+#[test]
+fn a_run_whose_process_was_killed_reads_as_gone() {
+    let (c, mut r) = started(ESCAPED, "", &[]);
+    let t = Instant::now();
+    r.signal(libc::SIGKILL);
+    let (status, _, _) = r.exit_within(Duration::from_secs(5), t);
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+    assert_eq!(c.record()["status"], "running");
+    let runs = c.p.mflow(&["runs"]);
+    let out = String::from_utf8_lossy(&runs.stdout).to_string();
+    assert!(out.contains(" gone "), "{out}");
+    let status = c.p.mflow(&["status"]);
+    assert!(String::from_utf8_lossy(&status.stdout).contains(") gone"));
+    assert!(String::from_utf8_lossy(&status.stderr).contains("is gone without ending the run"));
+    let json = c.p.mflow(&["runs", "--output-format", "json"]);
+    assert!(String::from_utf8_lossy(&json.stdout).contains("\"process_gone\":true"));
+}
+
 #[test]
 fn sighup_after_the_terminal_closed_still_stops_and_records() {
     // mflow writes to a terminal that is gone, as after a closed ssh session: every write fails.
@@ -425,7 +499,13 @@ fn sighup_after_the_terminal_closed_still_stops_and_records() {
     let mut cmd = c.p.cmd(&["run", "spec.toml"]);
     cmd.stdin(Stdio::null()).stdout(slave.try_clone().unwrap()).stderr(slave).process_group(0);
     let child = cmd.spawn().unwrap();
-    let mut r = Running { pid: child.id() as i32, child, stderr: Some(std::thread::spawn(String::new)), dir: c.p.path().to_path_buf(), seen: vec![] };
+    let mut r = Running {
+        pid: child.id() as i32,
+        child,
+        stderr: Some(std::thread::spawn(String::new)),
+        dir: c.p.path().to_path_buf(),
+        seen: vec![],
+    };
     r.pid("escaped");
     r.pid("child");
     drop(master);
@@ -464,7 +544,9 @@ fn pty() -> (std::fs::File, std::fs::File) {
 fn parallel_stages_each_end_only_their_own() {
     // Two stages at once, each leaving an untagged daemon. When `a` ends, `b`'s daemon (which
     // `a` cannot be told from by tag, pipe or session) is left alone: `b` checks it at its end.
-    let leave = |n: &str| format!(r#"(setsid env -i sh -c 'exec >/dev/null 2>&1 </dev/null; sleep 1000' & echo $! > {{dir}}/pids/{n})"#);
+    let leave = |n: &str| {
+        format!(r#"(setsid env -i sh -c 'exec >/dev/null 2>&1 </dev/null; sleep 1000' & echo $! > {{dir}}/pids/{n})"#)
+    };
     let a = format!("{}; sleep 0.3; echo ok > $MFLOW_OUTPUT/ok", leave("a"));
     let b = format!("{}; sleep 1.5; kill -0 $(cat {{dir}}/pids/b) || exit 1; echo ok > $MFLOW_OUTPUT/ok", leave("b"));
     let c = Case::new(&[("a", "", &a), ("b", "", &b)]);

@@ -48,7 +48,9 @@ fi
 
 # documents whose ids differ from the Python tokenizers library's
 differing() { # NAME PREFIX
-  [ -e "$D/runs/$2.bin" ] && "$PY" "$HERE/diff_docs.py" "$D/runs/python" "$D/runs/$2" > "$D/runs/$1.diff" || true
+  if [ -e "$D/runs/$2.bin" ]; then
+    "$PY" "$HERE/diff_docs.py" "$D/runs/python" "$D/runs/$2" > "$D/runs/$1.diff" || true
+  fi
 }
 differing mflow mflow.1-out/train
 differing mflow-1thread mflow-1thread.1-out/train

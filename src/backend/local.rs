@@ -4,31 +4,53 @@
 //! (`owner`). A timeout or cancel reaches all of them; when the main process ends, whatever
 //! is left is killed, and the output pipes are read for a bounded time only.
 
+mod output;
 mod owner;
 mod procfs;
 mod sys;
 mod tree;
 
-use std::fs::File;
-use std::io::Write;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+pub use output::MAX_LINE;
 pub use owner::{own as own_processes, Owner};
+
+/// This process, as a run's record names it.
+pub fn this_process() -> Option<mflow_contract::record::RunProcess> {
+    let me = procfs::stat(std::process::id() as i32).filter(|_| *procfs::USABLE)?;
+    Some(mflow_contract::record::RunProcess { host: host_name()?, pid: me.pid as u32, start: me.start })
+}
+
+/// Whether the process of a run record still runs: `None` when this machine cannot tell (another
+/// host, no usable /proc).
+pub fn still_runs(p: &mflow_contract::record::RunProcess) -> Option<bool> {
+    if !*procfs::USABLE || host_name()? != p.host {
+        return None;
+    }
+    Some(procfs::stat(p.pid as i32).is_some_and(|s| s.start == p.start && !s.zombie))
+}
+
+fn host_name() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    Some(name.trim().to_string()).filter(|n| !n.is_empty())
+}
 pub use procfs::TAG_VAR;
 
-use super::{Cancel, Job, Line, Outcome};
-use crate::exec::retry::FailureClass;
+use output::{note, pump, Log};
 
-/// Time between SIGTERM and SIGKILL. `MFLOW_KILL_GRACE` (seconds) overrides it.
+use super::{Cancel, Job, Line, Outcome};
+use mflow_contract::FailureClass;
+
+/// Time between SIGTERM and SIGKILL. `MFLOW_KILL_GRACE` (seconds) overrides it; the command
+/// line checked it before anything ran.
 pub fn grace() -> Duration {
-    std::env::var("MFLOW_KILL_GRACE").ok().and_then(|s| s.parse::<f64>().ok()).map(Duration::from_secs_f64).unwrap_or(Duration::from_secs(10))
+    crate::settings::kill_grace().unwrap_or(Duration::from_secs(10))
 }
 
 /// How long the output is read after every process of a step is gone: a process mflow could
@@ -39,7 +61,7 @@ const DRAIN: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(50);
 
 pub async fn run(job: &Job, lines: mpsc::UnboundedSender<Line>, mut cancel: watch::Receiver<Cancel>) -> Outcome {
-    let log = Arc::new(Mutex::new(Log { path: job.log.clone(), file: None }));
+    let log = Arc::new(Mutex::new(Log::new(job.log.clone())));
     for argv in &job.steps {
         let outcome = run_step(job, argv, &log, &lines, &mut cancel).await;
         if outcome != Outcome::Success {
@@ -83,17 +105,65 @@ async fn run_step(
     let (mut tree, mut child) = match tree::Tree::spawn(&mut cmd) {
         Ok(c) => c,
         Err(e) => {
-            let class = match e.kind() {
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => FailureClass::User,
-                _ => FailureClass::Infra,
-            };
+            // By the errno (docs/exit-codes.md): a NUL byte, an argument list or a path too long repeat.
+            let class = FailureClass::of_io(&e);
             return Outcome::Failed { class, message: format!("cannot start `{program}`: {e}") };
         }
     };
-    let mut readers = [
-        tokio::spawn(pump(child.stdout.take().expect("piped"), job.stage.clone(), log.clone(), lines.clone())),
-        tokio::spawn(pump(child.stderr.take().expect("piped"), job.stage.clone(), log.clone(), lines.clone())),
-    ];
+    let pipe = |r: Box<dyn tokio::io::AsyncRead + Send + Unpin>| {
+        tokio::spawn(pump(r, job.stage.clone(), job.attempt, log.clone(), lines.clone()))
+    };
+    let mut readers =
+        [pipe(Box::new(child.stdout.take().expect("piped"))), pipe(Box::new(child.stderr.take().expect("piped")))];
+    let (status, stop) = supervise(job, &mut tree, &mut child, cancel).await;
+    let left = tree.finish(&|| readers.iter().any(|r| !r.is_finished())).await;
+    drop(tree);
+    drain(job, log, lines, &mut readers).await;
+    if stop.class.is_none() && !left.is_empty() {
+        let names: Vec<String> = left.iter().take(5).map(|p| format!("`{}` (pid {})", p.name, p.pid)).collect();
+        let more = if left.len() > 5 { format!(" and {} more", left.len() - 5) } else { String::new() };
+        let n = left.len();
+        let s = if n == 1 { "" } else { "es" };
+        note(
+            job,
+            log,
+            lines,
+            format!("mflow: ended {n} process{s} the stage left running: {}{more}", names.join(", ")),
+        );
+    }
+    if let Some(class) = stop.class {
+        let message = match class {
+            FailureClass::Timeout => {
+                format!("timed out after {}", humantime::format_duration(job.timeout.unwrap_or_default()))
+            }
+            _ => "cancelled".to_string(),
+        };
+        return Outcome::Failed { class, message };
+    }
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => {
+            return Outcome::Failed { class: FailureClass::of_io(&e), message: format!("waiting for `{program}`: {e}") }
+        }
+    };
+    if status.success() {
+        return Outcome::Success;
+    }
+    // The stage's own word, read off the runtime: its status file may be anything.
+    let path = job.status_file.clone();
+    let reported = crate::untrusted::blocking(move || read_status(&path)).await;
+    classify(reported, program, status)
+}
+
+/// Waits for the step's main process, enforcing the timeout and the cancel level: SIGTERM, then
+/// SIGKILL at the end of the grace period. What the main process left running has the rest of
+/// the grace period.
+async fn supervise(
+    job: &Job,
+    tree: &mut tree::Tree,
+    child: &mut tokio::process::Child,
+    cancel: &mut watch::Receiver<Cancel>,
+) -> (std::io::Result<std::process::ExitStatus>, Stop) {
     let timeout = async {
         match job.timeout {
             Some(t) => tokio::time::sleep(t).await,
@@ -133,7 +203,6 @@ async fn run_step(
         }
     };
     tree.main_reaped();
-    // What the main process left running when asked to stop has the rest of the grace period.
     if let (Some(kill_at), false) = (stop.kill_at, stop.killed) {
         let mut c = cancel.clone();
         let immediate = async move {
@@ -150,53 +219,31 @@ async fn run_step(
             }
         }
     }
-    let left = tree.finish(&|| readers.iter().any(|r| !r.is_finished())).await;
-    drop(tree);
+    (status, stop)
+}
+
+/// Reads what is left in the pipes for a bounded time: a process mflow could not end may hold
+/// them open for ever.
+async fn drain(
+    job: &Job,
+    log: &Arc<Mutex<Log>>,
+    lines: &mpsc::UnboundedSender<Line>,
+    readers: &mut [tokio::task::JoinHandle<()>],
+) {
     let drained = tokio::time::timeout(DRAIN, async {
-        for r in &mut readers {
+        for r in readers.iter_mut() {
             let _ = r.await;
         }
     })
     .await
     .is_ok();
     if !drained {
-        for r in &readers {
+        for r in readers.iter() {
             r.abort();
         }
-        note(job, log, lines, "mflow: stopped reading the stage's output: a process mflow could not end still holds it open".into());
+        let text = "mflow: stopped reading the stage's output: a process mflow could not end still holds it open";
+        note(job, log, lines, text.into());
     }
-    if stop.class.is_none() && !left.is_empty() {
-        let names: Vec<String> = left.iter().take(5).map(|p| format!("`{}` (pid {})", p.name, p.pid)).collect();
-        let more = if left.len() > 5 { format!(" and {} more", left.len() - 5) } else { String::new() };
-        let n = left.len();
-        note(job, log, lines, format!("mflow: ended {n} process{} the stage left running: {}{more}", if n == 1 { "" } else { "es" }, names.join(", ")));
-    }
-    if let Some(class) = stop.class {
-        let message = match class {
-            FailureClass::Timeout => format!("timed out after {}", humantime::format_duration(job.timeout.unwrap_or_default())),
-            _ => "cancelled".to_string(),
-        };
-        return Outcome::Failed { class, message };
-    }
-    let status = match status {
-        Ok(s) => s,
-        Err(e) => return Outcome::Failed { class: FailureClass::Infra, message: format!("waiting for `{program}`: {e}") },
-    };
-    if status.success() {
-        return Outcome::Success;
-    }
-    // The stage's own word, read off the runtime: its status file may be anything.
-    let path = job.status_file.clone();
-    let reported = crate::untrusted::blocking(move || read_status(&path)).await;
-    classify(reported, program, status)
-}
-
-/// A line of mflow's own about the stage, in its log and on the console.
-fn note(job: &Job, log: &Arc<Mutex<Log>>, lines: &mpsc::UnboundedSender<Line>, text: String) {
-    if let Ok(mut f) = log.lock() {
-        f.write(text.as_bytes());
-    }
-    let _ = lines.send(Line { stage: job.stage.clone(), text });
 }
 
 /// `program` as found on the PATH the child gets, looked up once per run: spawning by name
@@ -252,48 +299,8 @@ fn classify(reported: Option<(FailureClass, String)>, program: &str, status: std
 pub fn read_status(path: &std::path::Path) -> Option<(FailureClass, String)> {
     let v = crate::untrusted::read_json(path, crate::untrusted::SMALL_JSON)?;
     let class = FailureClass::parse(v.get("class")?.as_str()?)?;
-    let message = v.get("message").and_then(|m| m.as_str()).unwrap_or("the stage reported a failure").to_string();
+    // The stage's words, quoted by every message and record of the failure: an excerpt.
+    let message = v.get("message").and_then(|m| m.as_str()).unwrap_or("the stage reported a failure");
+    let message = crate::spec::error::excerpt_of(message, crate::spec::error::MAX_QUOTE);
     Some((class, message))
-}
-
-/// The attempt's log, created with its directory at the first line: a stage that prints nothing
-/// costs no files.
-pub struct Log {
-    path: std::path::PathBuf,
-    file: Option<File>,
-}
-
-impl Log {
-    fn write(&mut self, line: &[u8]) {
-        if self.file.is_none() {
-            if let Some(dir) = self.path.parent() {
-                let _ = std::fs::create_dir_all(dir);
-            }
-            self.file = File::create(&self.path).ok();
-        }
-        if let Some(f) = &mut self.file {
-            let _ = f.write_all(line);
-            if !line.ends_with(b"\n") {
-                let _ = f.write_all(b"\n");
-            }
-        }
-    }
-}
-
-async fn pump<R: AsyncRead + Unpin>(r: R, stage: String, log: Arc<Mutex<Log>>, lines: mpsc::UnboundedSender<Line>) {
-    let mut reader = BufReader::new(r);
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {
-                if let Ok(mut f) = log.lock() {
-                    f.write(&buf);
-                }
-                let text = String::from_utf8_lossy(&buf).trim_end_matches(['\n', '\r']).to_string();
-                let _ = lines.send(Line { stage: stage.clone(), text });
-            }
-        }
-    }
 }

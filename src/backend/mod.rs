@@ -3,6 +3,7 @@
 
 pub mod kubernetes;
 pub mod local;
+pub mod pool;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +12,12 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
-use crate::exec::retry::FailureClass;
+use mflow_contract::FailureClass;
+
+use crate::spec::BackendKind;
+use crate::workdir::Workdir;
+
+pub use crate::workdir::AttemptArea;
 
 /// One attempt of one stage, fully resolved.
 #[derive(Debug, Clone)]
@@ -28,15 +34,22 @@ pub struct Job {
     pub log: PathBuf,
     /// Where the stage may write `{"class": ..., "message": ...}`.
     pub status_file: PathBuf,
+    /// Where its output goes ([`Backend::attempt_area`]).
+    pub area: AttemptArea,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     Success,
-    Failed { class: FailureClass, message: String },
+    Failed {
+        class: FailureClass,
+        message: String,
+    },
     /// mflow was interrupted and left the attempt running where it can be reattached to (a
     /// TrainJob); the next run picks it up.
-    Detached { message: String },
+    Detached {
+        message: String,
+    },
 }
 
 /// How hard to stop running attempts.
@@ -57,6 +70,7 @@ pub enum Cancel {
 #[derive(Debug, Clone)]
 pub struct Line {
     pub stage: String,
+    pub attempt: u32,
     pub text: String,
 }
 
@@ -70,9 +84,20 @@ pub enum Backend {
 impl Backend {
     /// The plan's backend, connected and checked before anything starts.
     pub async fn for_plan(plan: &crate::plan::Plan) -> Result<Backend, kubernetes::KubernetesError> {
-        match plan.spec.pipeline.backend.as_str() {
-            "kubernetes" => Ok(Backend::Kubernetes(Arc::new(kubernetes::Kubernetes::connect(plan).await?))),
-            _ => Ok(Backend::Local),
+        match plan.spec.pipeline.backend {
+            BackendKind::Kubernetes => Ok(Backend::Kubernetes(Arc::new(kubernetes::Kubernetes::connect(plan).await?))),
+            BackendKind::Local => Ok(Backend::Local),
+        }
+    }
+
+    /// Where the output of attempt `attempt` of `stage` (key `key`, run `run_id`) goes, asked
+    /// before its job is built so that the job names it: locally the attempt's staging
+    /// directory; on Kubernetes the directory of the attempt's TrainJob, found again by the
+    /// next mflow process when this one stops before the TrainJob ends.
+    pub fn attempt_area(&self, workdir: &Workdir, stage: &str, key: &str, attempt: u32, run_id: &str) -> AttemptArea {
+        match self {
+            Backend::Local => workdir.staged_attempt(key, run_id),
+            Backend::Kubernetes(k) => k.attempt_area(workdir, stage, key, attempt),
         }
     }
 
@@ -93,24 +118,10 @@ impl Backend {
 
     /// The resources the scheduler hands out: this machine's, or (on a cluster, whose own
     /// scheduler places pods) as many as stages ask for.
-    pub fn pool(&self, env: &crate::env::Environment) -> crate::exec::pool::Pool {
+    pub fn pool(&self, env: &crate::env::Environment) -> pool::Pool {
         match self {
-            Backend::Local => crate::exec::pool::Pool::new(env.cpus, env.gpus.clone()),
-            Backend::Kubernetes(_) => crate::exec::pool::Pool::new(1 << 16, (0..4096).map(|i| format!("cluster-{i}")).collect()),
-        }
-    }
-}
-
-/// Applies `--backend` and the backend's defaults to a loaded spec (idempotent): on
-/// Kubernetes, the workdir on the artifact volume and the engines of `engine = "auto"` stages.
-pub fn choose(spec: &mut crate::spec::Spec, choice: Option<&str>) {
-    if let Some(c) = choice {
-        spec.pipeline.backend = c.to_string();
-    }
-    if spec.pipeline.backend == "kubernetes" {
-        kubernetes::default_workdir(spec);
-        for stage in &mut spec.stages {
-            kubernetes::choose_engine(stage);
+            Backend::Local => pool::Pool::new(env.cpus, env.gpus.clone()),
+            Backend::Kubernetes(_) => pool::Pool::new(1 << 16, (0..4096).map(|i| format!("cluster-{i}")).collect()),
         }
     }
 }
@@ -119,8 +130,8 @@ pub fn choose(spec: &mut crate::spec::Spec, choice: Option<&str>) {
 /// its nodes times its nodes (the machine running mflow may have none); locally, what it
 /// requests (the pool hands it exactly that many), else this machine's.
 pub fn stage_gpus(spec: &crate::spec::Spec, stage: &crate::spec::StageSpec, env: &crate::env::Environment) -> usize {
-    match spec.pipeline.backend.as_str() {
-        "kubernetes" => stage.resources.gpus as usize * stage.nodes.max(1) as usize,
+    match spec.pipeline.backend {
+        BackendKind::Kubernetes => stage.resources.gpus as usize * stage.nodes.max(1) as usize,
         _ if stage.resources.gpus > 0 => (stage.resources.gpus as usize).min(env.gpus.len()),
         _ => env.gpus.len(),
     }

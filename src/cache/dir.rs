@@ -27,7 +27,11 @@ pub struct FileStat {
 
 impl From<&std::fs::Metadata> for FileStat {
     fn from(m: &std::fs::Metadata) -> FileStat {
-        let mtime_ns = m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos() as i128);
+        let mtime_ns = m
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as i128);
         use std::os::unix::fs::MetadataExt;
         FileStat { len: m.len(), mtime_ns, is_dir: m.is_dir(), is_file: m.is_file(), dev: m.dev(), ino: m.ino() }
     }
@@ -65,8 +69,16 @@ impl OpenDir {
             return Err(io::Error::last_os_error());
         }
         let kind = st.st_mode & libc::S_IFMT;
-        let mtime_ns = if st.st_mtime >= 0 { st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128 } else { 0 };
-        Ok(FileStat { len: st.st_size as u64, mtime_ns, is_dir: kind == libc::S_IFDIR, is_file: kind == libc::S_IFREG, dev: st.st_dev, ino: st.st_ino })
+        let mtime_ns =
+            if st.st_mtime >= 0 { st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128 } else { 0 };
+        Ok(FileStat {
+            len: st.st_size as u64,
+            mtime_ns,
+            is_dir: kind == libc::S_IFDIR,
+            is_file: kind == libc::S_IFREG,
+            dev: st.st_dev,
+            ino: st.st_ino,
+        })
     }
 }
 

@@ -38,7 +38,8 @@ mod tests {
         std::os::unix::fs::symlink("file", tmp.path().join("link")).unwrap();
         for (name, what) in [("fifo", "a FIFO"), ("dir", "a directory"), ("link", "a symbolic link")] {
             for write in [false, true] {
-                let e = open(&tmp.path().join(name), OpenOptions::new().read(true).append(write).create(write)).unwrap_err();
+                let e = open(&tmp.path().join(name), OpenOptions::new().read(true).append(write).create(write))
+                    .unwrap_err();
                 assert!(e.to_string().contains(what), "{name}: {e}");
             }
         }

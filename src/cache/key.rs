@@ -2,83 +2,30 @@
 //! a stage's output. The parts are kept so that `mflow why` can say which one changed.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KeyParts {
-    pub kind: String,
-    pub kind_version: u32,
-    /// Resolved parameters, canonical (sorted keys). Shared: every stage's parts are copied
-    /// once per upstream digest they wait for, and parameters are most of their size.
-    pub params: Arc<Json>,
-    /// Upstream stage name -> digest of its committed output.
-    pub upstream: BTreeMap<String, String>,
-    /// Input file (relative to the spec) -> content digest. Shared, as `params` is.
-    pub inputs: Arc<BTreeMap<String, String>>,
-    /// Digest of the workload code the stage runs.
-    pub workload: String,
-    /// Digest of the environment (Python lock, tool versions).
-    pub environment: String,
-    pub salt: String,
-}
+pub use mflow_contract::lock::{canonical, KeyParts};
 
-impl KeyParts {
-    pub fn key(&self) -> String {
-        self.key_given(&canonical(&self.params))
+/// Human-readable differences of a key's parts from an earlier key's.
+pub fn diff(new: &KeyParts, old: &KeyParts) -> Vec<String> {
+    let mut out = Vec::new();
+    if new.kind != old.kind || new.kind_version != old.kind_version {
+        out.push(format!("stage kind: {} v{} -> {} v{}", old.kind, old.kind_version, new.kind, new.kind_version));
     }
-
-    /// The key, given `canonical(&self.params)` (planning encodes it once per stage).
-    pub fn key_given(&self, params: &str) -> String {
-        // Encoded into one buffer and hashed once: many small hasher updates cost more than
-        // the hashing itself.
-        let mut buf = Vec::with_capacity(1024);
-        let mut field = |tag: &str, bytes: &[u8]| {
-            buf.extend_from_slice(&(tag.len() as u64).to_le_bytes());
-            buf.extend_from_slice(tag.as_bytes());
-            buf.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-            buf.extend_from_slice(bytes);
-        };
-        field("mflow-key", b"1");
-        field("kind", self.kind.as_bytes());
-        field("kind_version", &self.kind_version.to_le_bytes());
-        field("params", params.as_bytes());
-        for (name, digest) in &self.upstream {
-            field("upstream", name.as_bytes());
-            field("digest", digest.as_bytes());
-        }
-        for (path, digest) in self.inputs.iter() {
-            field("input", path.as_bytes());
-            field("digest", digest.as_bytes());
-        }
-        field("workload", self.workload.as_bytes());
-        field("environment", self.environment.as_bytes());
-        field("salt", self.salt.as_bytes());
-        blake3::hash(&buf).to_hex().to_string()
+    diff_json("parameter", "", &old.params, &new.params, &mut out);
+    diff_maps("upstream output", &old.upstream, &new.upstream, &mut out);
+    diff_maps("input file", &old.inputs, &new.inputs, &mut out);
+    if new.workload != old.workload {
+        out.push(format!("workload code: {} -> {}", short(&old.workload), short(&new.workload)));
     }
-
-    /// Human-readable differences from an earlier key's parts.
-    pub fn diff(&self, old: &KeyParts) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.kind != old.kind || self.kind_version != old.kind_version {
-            out.push(format!("stage kind: {} v{} -> {} v{}", old.kind, old.kind_version, self.kind, self.kind_version));
-        }
-        diff_json("parameter", "", &old.params, &self.params, &mut out);
-        diff_maps("upstream output", &old.upstream, &self.upstream, &mut out);
-        diff_maps("input file", &old.inputs, &self.inputs, &mut out);
-        if self.workload != old.workload {
-            out.push(format!("workload code: {} -> {}", short(&old.workload), short(&self.workload)));
-        }
-        if self.environment != old.environment {
-            out.push(format!("environment: {} -> {}", short(&old.environment), short(&self.environment)));
-        }
-        if self.salt != old.salt {
-            out.push(format!("salt: {:?} -> {:?}", old.salt, self.salt));
-        }
-        out
+    if new.environment != old.environment {
+        out.push(format!("environment: {} -> {}", short(&old.environment), short(&new.environment)));
     }
+    if new.salt != old.salt {
+        out.push(format!("salt: {:?} -> {:?}", old.salt, new.salt));
+    }
+    out
 }
 
 /// blake3 over length-prefixed parts, so that no two different lists of parts share a digest.
@@ -133,47 +80,11 @@ fn diff_json(what: &str, path: &str, old: &Json, new: &Json, out: &mut Vec<Strin
     }
 }
 
-/// JSON with object keys sorted at every level, no whitespace; written directly rather than
-/// through a sorted copy of the tree (this runs for every stage of every plan).
-pub fn canonical(v: &Json) -> String {
-    fn write(v: &Json, out: &mut Vec<u8>) {
-        match v {
-            Json::Object(m) => {
-                let mut entries: Vec<(&String, &Json)> = m.iter().collect();
-                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-                out.push(b'{');
-                for (i, (k, v)) in entries.into_iter().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    serde_json::to_writer(&mut *out, k).expect("JSON serializes");
-                    out.push(b':');
-                    write(v, out);
-                }
-                out.push(b'}');
-            }
-            Json::Array(a) => {
-                out.push(b'[');
-                for (i, v) in a.iter().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    write(v, out);
-                }
-                out.push(b']');
-            }
-            scalar => serde_json::to_writer(&mut *out, scalar).expect("JSON serializes"),
-        }
-    }
-    let mut out = Vec::new();
-    write(v, &mut out);
-    String::from_utf8(out).expect("JSON is UTF-8")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::sync::Arc;
 
     fn parts() -> KeyParts {
         KeyParts {
@@ -189,49 +100,12 @@ mod tests {
     }
 
     #[test]
-    fn key_ignores_key_order_but_not_values() {
-        let a = parts();
-        let mut b = parts();
-        b.params = Arc::new(json!({"a": [1, 2], "b": 1}));
-        assert_eq!(a.key(), b.key());
-        b.params = Arc::new(json!({"a": [2, 1], "b": 1}));
-        assert_ne!(a.key(), b.key());
-        let mut c = parts();
-        c.salt = "x".into();
-        assert_ne!(a.key(), c.key());
-    }
-
-    /// The encoding is part of the cache format: a change here orphans every cache entry.
-    /// The expected key was computed independently (Python's blake3 over the same encoding).
-    #[test]
-    fn key_encoding_is_stable() {
-        assert_eq!(parts().key(), "bcde5be1fa6a20c0cca43add7d2c86e9bafbca3e53d0a4c7abe739731b14e158");
-    }
-
-    #[test]
-    fn canonical_sorts_keys_at_every_level() {
-        let v = json!({"b": [{"y": "\"q\"", "x": 1.5}], "a": {"d": null, "c": true}});
-        assert_eq!(canonical(&v), r#"{"a":{"c":true,"d":null},"b":[{"x":1.5,"y":"\"q\""}]}"#);
-    }
-
-    #[test]
-    fn fields_are_length_prefixed() {
-        let mut a = parts();
-        a.workload = "ab".into();
-        a.environment = "c".into();
-        let mut b = parts();
-        b.workload = "a".into();
-        b.environment = "bc".into();
-        assert_ne!(a.key(), b.key());
-    }
-
-    #[test]
     fn diff_names_what_changed() {
         let a = parts();
         let mut b = parts();
         b.params = Arc::new(json!({"b": 2, "a": [1, 2]}));
         b.upstream.insert("up".into(), "d2".into());
-        let d = b.diff(&a);
+        let d = diff(&b, &a);
         assert_eq!(d, vec!["parameter `b`: 1 -> 2".to_string(), "upstream output `up`: d1 -> d2".to_string()]);
     }
 }

@@ -91,12 +91,7 @@ impl Log {
         if self.open.as_ref().map(|r| r.ino) != Some(ino) {
             let file = super::files::open(&self.path, OpenOptions::new().read(true))?;
             let ino = file.metadata()?.ino();
-            self.open = Some(Reader {
-                file,
-                ino,
-                read: 0,
-                known: HashMap::new(),
-            });
+            self.open = Some(Reader { file, ino, read: 0, known: HashMap::new() });
         }
         let r = self.open.as_mut().expect("opened above");
         let len = r.file.metadata()?.len();
@@ -116,7 +111,9 @@ impl Log {
         match std::str::from_utf8(&buf[..end]) {
             // Checked as a whole, so that serde_json need not check every string of every line.
             Ok(text) => text.split('\n').filter(|l| !l.is_empty()).for_each(|l| add(serde_json::from_str(l))),
-            Err(_) => buf[..end].split(|&b| b == b'\n').filter(|l| !l.is_empty()).for_each(|l| add(serde_json::from_slice(l))),
+            Err(_) => {
+                buf[..end].split(|&b| b == b'\n').filter(|l| !l.is_empty()).for_each(|l| add(serde_json::from_slice(l)))
+            }
         }
         r.read += end as u64;
         Ok(())

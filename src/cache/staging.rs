@@ -1,27 +1,37 @@
 //! `cache/.staging/`: one directory per attempt, `<key>.<run>/`, with the stage's output in
 //! `out/` (`MFLOW_OUTPUT`) and its report files beside it. Whatever the stage writes next to
-//! its output stays inside the attempt's directory, which goes when the attempt ends.
+//! its output stays inside the attempt's directory, which goes when the attempt ends. An
+//! attempt that runs as a TrainJob has its area in `cache/.kube/<trainjob>/` instead, laid out
+//! the same way and prepared by the backend ([`AttemptArea`]).
 
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::{is_key, lock_key};
+use super::lock::lock_key;
+use super::{io_err, is_key, CacheError, Store};
+use crate::workdir::{AttemptArea, Workdir};
 
-/// The staging area, relative to the cache.
-pub const DIR: &str = ".staging";
-/// The output directory inside an attempt's directory.
-const OUT: &str = "out";
-
-/// The output directory of the attempt `<key>.<run_id>`.
-pub fn output(root: &Path, key: &str, run_id: &str) -> PathBuf {
-    root.join(DIR).join(format!("{key}.{run_id}")).join(OUT)
-}
-
-/// The attempt directory that holds the staged output `out`, when `out` is laid out as above.
-pub fn attempt_of<'a>(root: &Path, out: &'a Path) -> Option<&'a Path> {
-    let attempt = out.parent()?;
-    (out.file_name()? == OUT && attempt.parent()? == root.join(DIR)).then_some(attempt)
+impl Store {
+    /// Gets the area of an attempt of `key` ready: staging directories of the key left by a
+    /// killed run go; an area of the engine's own is created afresh, with its output directory
+    /// when `with_output` (native commands create theirs, atomically). A reattachable area
+    /// (a TrainJob's) is the backend's to prepare. Call with the key's lock held.
+    pub fn prepare(&self, key: &str, area: &AttemptArea, with_output: bool) -> Result<(), CacheError> {
+        let workdir = self.workdir();
+        if let Ok(rd) = fs::read_dir(workdir.staging_area()) {
+            for e in rd.flatten() {
+                if e.file_name().as_encoded_bytes().starts_with(format!("{key}.").as_bytes()) {
+                    let _ = remove(&e.path());
+                }
+            }
+        }
+        if area.reattachable {
+            return Ok(());
+        }
+        let dir = if with_output { &area.out } else { &area.dir };
+        fs::create_dir_all(dir).map_err(io_err("cannot create", dir))
+    }
 }
 
 /// Removes a file or a directory tree, whichever `path` is (a link itself, not its target).
@@ -37,14 +47,14 @@ pub fn remove(path: &Path) -> io::Result<()> {
 /// Removes what attempts that are over left in the staging area: a `<key>.*` name whose key
 /// no one holds the lock of (an attempt holds it throughout), and, when `sole` (no other run
 /// is live), everything. Returns what is left of other names, for the caller to retry when sole.
-pub fn sweep(root: &Path, sole: bool) -> usize {
-    let Ok(rd) = fs::read_dir(root.join(DIR)) else { return 0 };
+pub fn sweep(workdir: &Workdir, sole: bool) -> usize {
+    let Ok(rd) = fs::read_dir(workdir.staging_area()) else { return 0 };
     let mut left = 0;
     for e in rd.flatten() {
         let name = e.file_name();
         let key = name.to_str().and_then(|n| n.split_once('.')).map(|(k, _)| k).filter(|k| is_key(k));
         let unused = match key {
-            Some(k) => lock_key(root, k, false).ok().flatten(),
+            Some(k) => lock_key(workdir, k, false).ok().flatten(),
             None => None,
         };
         if sole || unused.is_some() {
@@ -54,4 +64,31 @@ pub fn sweep(root: &Path, sole: bool) -> usize {
         }
     }
     left
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attempts_area_is_made_by_its_owner() {
+        let tmp = tempfile::tempdir().unwrap();
+        let workdir = Workdir::new(tmp.path());
+        let store = Store::open(&workdir).unwrap();
+        let stale = workdir.staged_attempt("k", "old");
+        fs::create_dir_all(&stale.out).unwrap();
+
+        let native = workdir.staged_attempt("k", "r1");
+        store.prepare("k", &native, false).unwrap();
+        assert!(native.dir.is_dir() && !native.out.exists(), "a native command creates its output");
+        assert!(!stale.dir.exists(), "what a killed run left of the key goes");
+
+        let local = workdir.staged_attempt("k", "r2");
+        store.prepare("k", &local, true).unwrap();
+        assert!(local.out.is_dir());
+
+        let trainjob = workdir.trainjob_attempt("p-s-k");
+        store.prepare("k", &trainjob, true).unwrap();
+        assert!(!trainjob.dir.exists(), "a TrainJob's area is the backend's to prepare");
+    }
 }

@@ -54,7 +54,9 @@ impl Condition {
             (Op::Lt, &rest[1..])
         };
         let value = value.trim();
-        let number = |s: &str| s.trim().parse::<f64>().ok().filter(|x| x.is_finite()).ok_or_else(|| bad(&format!("`{s}` is not a number")));
+        let number = |s: &str| {
+            s.trim().parse::<f64>().ok().filter(|x| x.is_finite()).ok_or_else(|| bad(&format!("`{s}` is not a number")))
+        };
         let threshold = if let Some(p) = value.strip_suffix('%') {
             if !(p.starts_with('+') || p.starts_with('-')) {
                 return Err(bad("a relative change needs a sign, e.g. +2% or -5%"));
@@ -72,7 +74,11 @@ impl Condition {
         let x = match self.threshold {
             Threshold::Relative(_) => {
                 if a == 0.0 {
-                    if b == 0.0 { 0.0 } else { f64::INFINITY.copysign(b) }
+                    if b == 0.0 {
+                        0.0
+                    } else {
+                        f64::INFINITY.copysign(b)
+                    }
                 } else {
                     (b - a) / a.abs() * 100.0
                 }
@@ -98,7 +104,8 @@ impl Condition {
                 return vec![(stage.to_string(), m.to_string())];
             }
         }
-        let stages: BTreeSet<&String> = a.iter().chain(b.iter()).filter(|(_, m)| m.contains_key(&self.metric)).map(|(s, _)| s).collect();
+        let stages: BTreeSet<&String> =
+            a.iter().chain(b.iter()).filter(|(_, m)| m.contains_key(&self.metric)).map(|(s, _)| s).collect();
         stages.into_iter().map(|s| (s.clone(), self.metric.clone())).collect()
     }
 }
@@ -110,7 +117,8 @@ pub struct Outcome {
 }
 
 pub fn compare(a: &Finals, b: &Finals, conditions: &[Condition]) -> Outcome {
-    let mut rows = vec![["stage".to_string(), "metric".into(), "A".into(), "B".into(), "change".into(), "change %".into()]];
+    let mut rows =
+        vec![["stage".to_string(), "metric".into(), "A".into(), "B".into(), "change".into(), "change %".into()]];
     let stages: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     for stage in stages {
         let keys: BTreeSet<&String> = a.get(stage).into_iter().chain(b.get(stage)).flat_map(|m| m.keys()).collect();
@@ -118,7 +126,9 @@ pub fn compare(a: &Finals, b: &Finals, conditions: &[Condition]) -> Outcome {
             let va = a.get(stage).and_then(|m| m.get(k)).copied();
             let vb = b.get(stage).and_then(|m| m.get(k)).copied();
             let (d, p) = match (va, vb) {
-                (Some(x), Some(y)) => (signed(y - x), if x != 0.0 { format!("{:+.2}%", (y - x) / x.abs() * 100.0) } else { "-".into() }),
+                (Some(x), Some(y)) => {
+                    (signed(y - x), if x != 0.0 { format!("{:+.2}%", (y - x) / x.abs() * 100.0) } else { "-".into() })
+                }
                 _ => ("-".into(), "-".into()),
             };
             let show = |v: Option<f64>| v.map(num).unwrap_or("-".into());
@@ -138,7 +148,17 @@ pub fn compare(a: &Finals, b: &Finals, conditions: &[Condition]) -> Outcome {
                         failures.push(format!("{}: {stage}.{m} {} -> {}", c.text, num(va), num(vb)));
                     }
                 }
-                (va, vb) => failures.push(format!("{}: {stage}.{m} is missing in run {}", c.text, if va.is_none() { "A" } else if vb.is_none() { "B" } else { "A and B" })),
+                (va, vb) => failures.push(format!(
+                    "{}: {stage}.{m} is missing in run {}",
+                    c.text,
+                    if va.is_none() {
+                        "A"
+                    } else if vb.is_none() {
+                        "B"
+                    } else {
+                        "A and B"
+                    }
+                )),
             }
         }
     }
@@ -146,7 +166,11 @@ pub fn compare(a: &Finals, b: &Finals, conditions: &[Condition]) -> Outcome {
 }
 
 fn signed(x: f64) -> String {
-    if x >= 0.0 { format!("+{}", num(x)) } else { num(x) }
+    if x >= 0.0 {
+        format!("+{}", num(x))
+    } else {
+        num(x)
+    }
 }
 
 fn table(rows: &[[String; 6]]) -> String {
@@ -158,7 +182,12 @@ fn table(rows: &[[String; 6]]) -> String {
     }
     let mut out = String::new();
     for r in rows {
-        let line: Vec<String> = r.iter().zip(widths).enumerate().map(|(i, (c, w))| if i < 2 { format!("{c:<w$}") } else { format!("{c:>w$}") }).collect();
+        let line: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .enumerate()
+            .map(|(i, (c, w))| if i < 2 { format!("{c:<w$}") } else { format!("{c:>w$}") })
+            .collect();
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }

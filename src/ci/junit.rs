@@ -16,12 +16,21 @@ pub fn render(run: &RunData) -> String {
     let r = &run.record;
     let count = |f: &dyn Fn(StageStatus) -> bool| r.stages.values().filter(|s| f(s.status)).count();
     let failures = count(&|s| s == StageStatus::Failed);
-    let skipped = count(&|s| matches!(s, StageStatus::Skipped | StageStatus::Cancelled | StageStatus::Interrupted | StageStatus::Pending));
+    let skipped = count(&|s| {
+        matches!(s, StageStatus::Skipped | StageStatus::Cancelled | StageStatus::Interrupted | StageStatus::Pending)
+    });
     let total = r.stages.values().filter_map(stage_duration).fold(0.0, |a, b| a + b);
     let mut w = Writer::new_with_indent(Cursor::new(Vec::new()), b' ', 2);
     let tests = r.order.len().to_string();
     let (failures, skipped, time) = (failures.to_string(), skipped.to_string(), secs(total));
-    let suites = w.create_element("testsuites").with_attributes([("name", "mflow"), ("tests", tests.as_str()), ("failures", failures.as_str()), ("errors", "0"), ("skipped", skipped.as_str()), ("time", time.as_str())]);
+    let suites = w.create_element("testsuites").with_attributes([
+        ("name", "mflow"),
+        ("tests", tests.as_str()),
+        ("failures", failures.as_str()),
+        ("errors", "0"),
+        ("skipped", skipped.as_str()),
+        ("time", time.as_str()),
+    ]);
     suites
         .write_inner_content(|w| {
             w.create_element("testsuite")
@@ -36,37 +45,69 @@ pub fn render(run: &RunData) -> String {
                 ])
                 .write_inner_content(|w| {
                     w.create_element("properties").write_inner_content(|w| {
-                        for (k, v) in [("run", r.id.as_str()), ("spec", r.spec.as_str()), ("mflow_version", r.mflow_version.as_str())] {
-                            w.create_element("property").with_attributes([("name", k), ("value", &clean(v) as &str)]).write_empty()?;
+                        for (k, v) in [
+                            ("run", r.id.as_str()),
+                            ("spec", r.spec.as_str()),
+                            ("mflow_version", r.mflow_version.as_str()),
+                        ] {
+                            w.create_element("property")
+                                .with_attributes([("name", k), ("value", &clean(v) as &str)])
+                                .write_empty()?;
                         }
                         Ok(())
                     })?;
                     for (name, s) in run.stages() {
                         let time = secs(stage_duration(s).unwrap_or(0.0));
                         let classname = format!("{}.{}", r.pipeline, s.kind);
-                        let case = w.create_element("testcase").with_attributes([("name", name.as_str()), ("classname", classname.as_str()), ("time", time.as_str())]);
-                        let message = clean(s.message.as_deref().unwrap_or(""));
+                        let case = w.create_element("testcase").with_attributes([
+                            ("name", name.as_str()),
+                            ("classname", classname.as_str()),
+                            ("time", time.as_str()),
+                        ]);
+                        let message = clean(&s.failure().unwrap_or_default());
                         match s.status {
                             StageStatus::Succeeded => {
                                 let note = format!("ran in {} attempt(s); output {}", s.attempts.len(), short_key(s));
-                                case.write_inner_content(|w| w.create_element("system-out").write_text_content(BytesText::new(&note)).map(|_| ()))?;
+                                case.write_inner_content(|w| {
+                                    w.create_element("system-out").write_text_content(BytesText::new(&note)).map(|_| ())
+                                })?;
                             }
                             StageStatus::Cached => {
                                 let note = format!("cached: output {} reused, the stage did not run", short_key(s));
-                                case.write_inner_content(|w| w.create_element("system-out").write_text_content(BytesText::new(&note)).map(|_| ()))?;
+                                case.write_inner_content(|w| {
+                                    w.create_element("system-out").write_text_content(BytesText::new(&note)).map(|_| ())
+                                })?;
                             }
                             StageStatus::Failed => {
-                                let class = message.split(':').next().unwrap_or("failure").to_string();
-                                let log = run.log_path(name).map(|p| clean(&tail(&p, LOG_TAIL_LINES, LOG_TAIL_BYTES))).unwrap_or_default();
-                                let body = if log.is_empty() { message.clone() } else { format!("{message}\n--- last lines of the log ---\n{log}") };
+                                let class = s.class.map_or("failure", |c| c.as_str()).to_string();
+                                let log = run
+                                    .log_path(name)
+                                    .map(|p| clean(&tail(&p, LOG_TAIL_LINES, LOG_TAIL_BYTES)))
+                                    .unwrap_or_default();
+                                let body = if log.is_empty() {
+                                    message.clone()
+                                } else {
+                                    format!("{message}\n--- last lines of the log ---\n{log}")
+                                };
                                 case.write_inner_content(|w| {
-                                    w.create_element("failure").with_attributes([("message", message.as_str()), ("type", class.as_str())]).write_text_content(BytesText::new(&body))?;
+                                    w.create_element("failure")
+                                        .with_attributes([("message", message.as_str()), ("type", class.as_str())])
+                                        .write_text_content(BytesText::new(&body))?;
                                     Ok(())
                                 })?;
                             }
                             _ => {
-                                let why = if message.is_empty() { format!("stage {}", super::run_data::status_word(s.status)) } else { message.clone() };
-                                case.write_inner_content(|w| w.create_element("skipped").with_attribute(("message", why.as_str())).write_empty().map(|_| ()))?;
+                                let why = if message.is_empty() {
+                                    format!("stage {}", super::run_data::status_word(s.status))
+                                } else {
+                                    message.clone()
+                                };
+                                case.write_inner_content(|w| {
+                                    w.create_element("skipped")
+                                        .with_attribute(("message", why.as_str()))
+                                        .write_empty()
+                                        .map(|_| ())
+                                })?;
                             }
                         }
                     }

@@ -2,11 +2,12 @@
 //! metric diffs between runs, reproducing a run from its lockfile, Kubernetes CronJobs, and
 //! webhook notifications.
 
-pub mod commands;
+pub mod after_run;
 pub mod diff;
 pub mod junit;
 pub mod notify;
 pub mod report;
+pub mod reporters;
 pub mod reproduce;
 pub mod run_data;
 pub mod schedule;
@@ -23,7 +24,10 @@ pub enum CiError {
     #[diagnostic(code(mflow::ci::no_run), help("`mflow runs --workdir {}` lists the runs; pass --workdir to point at another one", workdir.display()))]
     NoRun { run: String, workdir: PathBuf },
     #[error("run {run} has no readable {file}")]
-    #[diagnostic(code(mflow::ci::damaged_run), help("the run directory may be damaged or from an older mflow; rerun the pipeline"))]
+    #[diagnostic(
+        code(mflow::ci::damaged_run),
+        help("the run directory may be damaged or from an older mflow; rerun the pipeline")
+    )]
     DamagedRun { run: String, file: String },
     #[error("cannot write {}", path.display())]
     #[diagnostic(code(mflow::ci::write), help("check that the directory exists and is writable"))]
@@ -52,5 +56,20 @@ pub enum CiError {
 impl CiError {
     pub fn write(path: &std::path::Path, source: std::io::Error) -> CiError {
         CiError::Write { path: path.to_path_buf(), source }
+    }
+}
+
+impl CiError {
+    pub fn exit_code(&self) -> crate::exit::ExitCode {
+        match self {
+            CiError::NoRun { .. } | CiError::Condition { .. } | CiError::Schedule { .. } => {
+                crate::exit::ExitCode::Invalid
+            }
+            // A path the user named that mflow refuses to write.
+            CiError::Output(
+                crate::user_output::OutputError::Owned { .. } | crate::user_output::OutputError::FileType { .. },
+            ) => crate::exit::ExitCode::Invalid,
+            _ => crate::exit::ExitCode::Internal,
+        }
     }
 }

@@ -29,7 +29,9 @@ impl Config {
     pub fn from_spec(t: &Map<String, Json>) -> Result<Config, String> {
         let raw = t.get("webhook").and_then(Json::as_str).unwrap_or_default();
         let webhook = match raw.strip_prefix("env:") {
-            Some(var) => std::env::var(var).map_err(|_| format!("[notify] webhook: environment variable {var} is not set"))?,
+            Some(var) => {
+                std::env::var(var).map_err(|_| format!("[notify] webhook: environment variable {var} is not set"))?
+            }
             None => raw.to_string(),
         };
         let on: Vec<String> = match t.get("on").and_then(Json::as_array) {
@@ -42,11 +44,21 @@ impl Config {
             None => Duration::from_secs(10),
         };
         let retries = t.get("retries").and_then(Json::as_u64).unwrap_or(3).min(20) as u32;
-        Ok(Config { webhook, on_success: on.iter().any(|o| o == "success"), on_failure: on.iter().any(|o| o == "failure"), timeout, retries })
+        Ok(Config {
+            webhook,
+            on_success: on.iter().any(|o| o == "success"),
+            on_failure: on.iter().any(|o| o == "failure"),
+            timeout,
+            retries,
+        })
     }
 
     pub fn wants(&self, status: RunStatus) -> bool {
-        if status == RunStatus::Succeeded { self.on_success } else { self.on_failure }
+        if status == RunStatus::Succeeded {
+            self.on_success
+        } else {
+            self.on_failure
+        }
     }
 }
 
@@ -58,7 +70,7 @@ pub fn payload(run: &RunData) -> Json {
         .map(|(name, s)| {
             json!({
                 "name": name, "kind": s.kind, "status": status_word(s.status), "cached": s.status == StageStatus::Cached,
-                "duration_s": super::run_data::stage_duration(s), "attempts": s.attempts.len(), "message": s.message, "metrics": s.metrics,
+                "duration_s": super::run_data::stage_duration(s), "attempts": s.attempts.len(), "message": s.failure(), "class": s.class, "metrics": s.metrics,
             })
         })
         .collect();
@@ -67,7 +79,12 @@ pub fn payload(run: &RunData) -> Json {
     let text = if failed.is_empty() {
         format!("mflow: pipeline {} {status} (run {})", r.pipeline, r.id)
     } else {
-        format!("mflow: pipeline {} {status} (run {}); failed: {}", r.pipeline, r.id, failed.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "))
+        format!(
+            "mflow: pipeline {} {status} (run {}); failed: {}",
+            r.pipeline,
+            r.id,
+            failed.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+        )
     };
     json!({
         "text": text, "pipeline": r.pipeline, "run": r.id, "status": status, "exit_code": r.exit_code,
@@ -78,7 +95,11 @@ pub fn payload(run: &RunData) -> Json {
 /// Sends `body`, retrying transport errors and non-2xx answers. Err carries a printable reason
 /// that contains no part of the URL.
 pub async fn send(cfg: &Config, body: &Json) -> Result<u32, String> {
-    let client = reqwest::Client::builder().timeout(cfg.timeout).user_agent(concat!("mflow/", env!("CARGO_PKG_VERSION"))).build().map_err(|e| e.without_url().to_string())?;
+    let client = reqwest::Client::builder()
+        .timeout(cfg.timeout)
+        .user_agent(concat!("mflow/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| e.without_url().to_string())?;
     let mut wait = FIRST_BACKOFF;
     let mut last = String::new();
     for attempt in 1..=cfg.retries + 1 {
@@ -101,7 +122,7 @@ pub async fn after_run(table: Option<&Map<String, Json>>, run: &RunData) {
     let cfg = match Config::from_spec(t) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("mflow: warning: notification not sent: {e}");
+            crate::errln!("mflow: warning: notification not sent: {e}");
             return;
         }
     };
@@ -109,7 +130,10 @@ pub async fn after_run(table: Option<&Map<String, Json>>, run: &RunData) {
         return;
     }
     if let Err(e) = send(&cfg, &payload(run)).await {
-        eprintln!("mflow: warning: notification to {} failed: {e}; the run's result is unaffected", redact(&cfg.webhook));
+        crate::errln!(
+            "mflow: warning: notification to {} failed: {e}; the run's result is unaffected",
+            redact(&cfg.webhook)
+        );
     }
 }
 

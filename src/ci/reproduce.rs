@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 
 use crate::cache::key::{short, KeyParts};
 use crate::env::Environment;
-use crate::exec::display::Mode;
 use crate::exit::ExitCode;
 use crate::plan::{self, Plan};
 use crate::record::{self, Lockfile};
+use crate::reporter::console::Mode;
+use crate::workdir::Workdir;
 
 use super::run_data::RunData;
 use super::CiError;
@@ -27,25 +28,40 @@ pub struct Prepared {
 }
 
 /// Checks everything that can be checked before running.
-pub fn prepare(workdir: &Path, run: &str) -> Result<Result<Prepared, Refusal>, CiError> {
+pub fn prepare(workdir: &Workdir, run: &str) -> Result<Result<Prepared, Refusal>, CiError> {
     let data = RunData::load(workdir, Some(run))?;
-    let lock = data.lock.clone().ok_or_else(|| CiError::DamagedRun { run: data.id.clone(), file: "mflow.lock".into() })?;
+    let lock =
+        data.lock.clone().ok_or_else(|| CiError::DamagedRun { run: data.id.clone(), file: "mflow.lock".into() })?;
     let copy = data.dir.join("spec.toml");
-    let text = crate::untrusted::read_text(&copy, crate::spec::MAX_SPEC_BYTES).map_err(|_| CiError::DamagedRun { run: data.id.clone(), file: "spec.toml".into() })?;
+    let text = crate::untrusted::read_text(&copy, crate::spec::MAX_SPEC_BYTES)
+        .map_err(|_| CiError::DamagedRun { run: data.id.clone(), file: "spec.toml".into() })?;
     let digest = blake3::hash(text.as_bytes()).to_hex().to_string();
     if digest != lock.spec_digest {
-        return Ok(Err(Refusal(vec![format!("spec: the run's copy {} has digest {} but the lockfile pins {}", copy.display(), short(&digest), short(&lock.spec_digest))])));
+        return Ok(Err(Refusal(vec![format!(
+            "spec: the run's copy {} has digest {} but the lockfile pins {}",
+            copy.display(),
+            short(&digest),
+            short(&lock.spec_digest)
+        )])));
     }
-    let overrides: Vec<String> = crate::untrusted::read_text(&data.dir.join("overrides.txt"), crate::spec::MAX_SPEC_BYTES).map(|s| s.lines().filter(|l| !l.is_empty()).map(str::to_string).collect()).unwrap_or_default();
+    let overrides: Vec<String> =
+        crate::untrusted::read_text(&data.dir.join("overrides.txt"), crate::spec::MAX_SPEC_BYTES)
+            .map(|s| s.lines().filter(|l| !l.is_empty()).map(str::to_string).collect())
+            .unwrap_or_default();
     if overrides != lock.overrides {
-        return Ok(Err(Refusal(vec![format!("overrides: overrides.txt says {:?} but the lockfile pins {:?}", overrides, lock.overrides)])));
+        return Ok(Err(Refusal(vec![format!(
+            "overrides: overrides.txt says {:?} but the lockfile pins {:?}",
+            overrides, lock.overrides
+        )])));
     }
-    let spec_path = locate_spec(workdir, &lock.spec);
+    let spec_path = locate_spec(workdir.root(), &lock.spec);
     let spec = match crate::spec::parse(&spec_path, &text, &lock.overrides) {
         Ok(s) => s,
-        Err(e) => return Ok(Err(Refusal(vec![format!("spec: the recorded spec no longer parses with this mflow: {e}")]))),
+        Err(e) => {
+            return Ok(Err(Refusal(vec![format!("spec: the recorded spec no longer parses with this mflow: {e}")])))
+        }
     };
-    if !same_dir(&spec.workdir(), workdir) {
+    if !same_dir(spec.workdir().root(), workdir.root()) {
         return Ok(Err(Refusal(vec![format!(
             "spec: the recorded spec path `{}` does not lead back to the workdir {} (run `mflow reproduce` from the directory the run was started in)",
             lock.spec,
@@ -74,8 +90,15 @@ fn compare_with_lock(plan: &Plan, lock: &Lockfile) -> Vec<String> {
         let now = &plan.stages[i].parts.inputs;
         for (file, pinned) in locked.parts.inputs.iter() {
             match now.get(file) {
-                None => reasons.push(format!("stage `{name}`: input file `{file}` is no longer an input (pinned {})", short(pinned))),
-                Some(d) if d != pinned => reasons.push(format!("stage `{name}`: input file `{file}` changed: digest {} but the lockfile pins {}", short(d), short(pinned))),
+                None => reasons.push(format!(
+                    "stage `{name}`: input file `{file}` is no longer an input (pinned {})",
+                    short(pinned)
+                )),
+                Some(d) if d != pinned => reasons.push(format!(
+                    "stage `{name}`: input file `{file}` changed: digest {} but the lockfile pins {}",
+                    short(d),
+                    short(pinned)
+                )),
                 _ => {}
             }
         }
@@ -86,14 +109,20 @@ fn compare_with_lock(plan: &Plan, lock: &Lockfile) -> Vec<String> {
     if !reasons.is_empty() {
         return reasons;
     }
-    let by_index: BTreeMap<usize, &str> = plan.stages.iter().enumerate().map(|(i, s)| (i, s.spec.name.as_str())).collect();
+    let by_index: BTreeMap<usize, &str> =
+        plan.stages.iter().enumerate().map(|(i, s)| (i, s.spec.name.as_str())).collect();
     for (name, locked) in &lock.stages {
         let Some(i) = plan.index(name) else { continue };
         let digest_of = |d: usize| by_index.get(&d).and_then(|n| locked.parts.upstream.get(*n).cloned());
         let Some(parts) = plan.parts_with(i, &digest_of) else { continue };
         if parts.key() != locked.key {
-            let diff = parts.diff(&locked.parts);
-            reasons.push(format!("stage `{name}`: key {} no longer matches the lockfile's {}: {}", short(&parts.key()), short(&locked.key), diff.join("; ")));
+            let diff = crate::cache::key::diff(&parts, &locked.parts);
+            reasons.push(format!(
+                "stage `{name}`: key {} no longer matches the lockfile's {}: {}",
+                short(&parts.key()),
+                short(&locked.key),
+                diff.join("; ")
+            ));
         }
     }
     reasons
@@ -107,7 +136,11 @@ fn locate_spec(workdir: &Path, recorded: &str) -> PathBuf {
         return p;
     }
     let beside = workdir.parent().map(|d| d.join(p.file_name().unwrap_or_default())).unwrap_or(p.clone());
-    if beside.exists() { beside } else { p }
+    if beside.exists() {
+        beside
+    } else {
+        p
+    }
 }
 
 fn same_dir(a: &Path, b: &Path) -> bool {
@@ -121,23 +154,38 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 pub fn run(prepared: Prepared, mode: Mode) -> Result<(ExitCode, Vec<String>), crate::Error> {
     let Prepared { plan, env, lock } = prepared;
     let rt = tokio::runtime::Runtime::new().map_err(|e| crate::Error::io(Path::new("tokio runtime"), e))?;
-    let opts = crate::exec::Options { jobs: None, force: vec![], verify: true, mode, overrides: lock.overrides.clone() };
-    let outcome = rt.block_on(crate::exec::run(plan, env, opts))?;
-    let code = crate::exit::for_run(&outcome.record);
-    let mut lines = vec![format!("run {} {}", outcome.record.id, format!("{:?}", outcome.record.status).to_lowercase())];
+    let opts = crate::run::Options {
+        jobs: None,
+        force: vec![],
+        verify: true,
+        mode,
+        overrides: lock.overrides.clone(),
+        reporters: vec![],
+    };
+    let outcome = rt.block_on(crate::run::run(plan, env, opts))?;
+    let code = outcome.exit;
+    let mut lines =
+        vec![format!("run {} {}", outcome.record.id, format!("{:?}", outcome.record.status).to_lowercase())];
     if code != ExitCode::Success {
         return Ok((code, lines));
     }
-    let new: BTreeMap<String, KeyParts> = record::load_lock(&outcome.run_dir.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default(), &outcome.record.id)
+    let new: BTreeMap<String, std::sync::Arc<KeyParts>> = record::load_lock(&outcome.workdir, &outcome.record.id)
         .map(|l| l.stages.into_iter().map(|(n, s)| (n, s.parts)).collect())
         .unwrap_or_default();
     let mut mismatched = false;
     for (name, locked) in &lock.stages {
         match new.get(name) {
-            Some(parts) if parts.key() == locked.key => lines.push(format!("  {name:<20} key {} matches", short(&locked.key))),
+            Some(parts) if parts.key() == locked.key => {
+                lines.push(format!("  {name:<20} key {} matches", short(&locked.key)))
+            }
             Some(parts) => {
                 mismatched = true;
-                lines.push(format!("  {name:<20} key {} differs from the lockfile's {}: {}", short(&parts.key()), short(&locked.key), parts.diff(&locked.parts).join("; ")));
+                lines.push(format!(
+                    "  {name:<20} key {} differs from the lockfile's {}: {}",
+                    short(&parts.key()),
+                    short(&locked.key),
+                    crate::cache::key::diff(parts, &locked.parts).join("; ")
+                ));
             }
             None => {
                 mismatched = true;

@@ -8,6 +8,7 @@ use serde_json::Value as Json;
 
 use super::CiError;
 use crate::record::{self, Lockfile, RunRecord, StageRecord, StageStatus};
+use crate::workdir::Workdir;
 
 /// Metric lines beyond this many per stage are ignored: a report stays readable and bounded.
 const MAX_METRIC_LINES: usize = 200_000;
@@ -23,13 +24,28 @@ pub struct RunData {
 
 impl RunData {
     /// `run` is an id, a unique prefix, or None / "latest".
-    pub fn load(workdir: &Path, run: Option<&str>) -> Result<RunData, CiError> {
-        let id = record::resolve(workdir, run).ok_or_else(|| CiError::NoRun { run: run.unwrap_or("latest").to_string(), workdir: workdir.to_path_buf() })?;
-        let record = record::load(workdir, &id).ok_or_else(|| CiError::DamagedRun { run: id.clone(), file: "run.json".into() })?;
-        let dir = record::runs_dir(workdir).join(&id);
+    pub fn load(workdir: &Workdir, run: Option<&str>) -> Result<RunData, CiError> {
+        let id = record::resolve(workdir, run).ok_or_else(|| CiError::NoRun {
+            run: run.unwrap_or("latest").to_string(),
+            workdir: workdir.root().to_path_buf(),
+        })?;
+        let record = record::load(workdir, &id)
+            .ok_or_else(|| CiError::DamagedRun { run: id.clone(), file: "run.json".into() })?;
+        Ok(RunData::of(record, workdir))
+    }
+
+    /// A run of `workdir` whose record is at hand, with the rest read from its directory.
+    pub fn of(record: RunRecord, workdir: &Workdir) -> RunData {
+        let id = record.id.clone();
+        let dir = workdir.run(&id);
         let lock = record::load_lock(workdir, &id);
-        let series = record.order.iter().filter(|n| crate::spec::valid_name(n)).map(|n| (n.clone(), read_series(&dir.join("stages").join(n).join("metrics.jsonl")))).collect();
-        Ok(RunData { id, dir, record, lock, series })
+        let series = record
+            .order
+            .iter()
+            .filter(|n| crate::spec::valid_name(n))
+            .map(|n| (n.clone(), read_series(&crate::workdir::stage_dir(&dir, n).join("metrics.jsonl"))))
+            .collect();
+        RunData { id, dir, record, lock, series }
     }
 
     /// Stages in planned order with their records.
@@ -97,7 +113,11 @@ fn read_series(path: &Path) -> Vec<Json> {
     // up to a cap rather than whole.
     let Ok(f) = mflow_untrusted::open_regular(path) else { return vec![] };
     let lines = std::io::BufReader::new(f.take(crate::untrusted::METRICS_LOG)).split(b'\n').map_while(Result::ok);
-    lines.filter_map(|l| serde_json::from_slice::<Json>(&l).ok()).filter(Json::is_object).take(MAX_METRIC_LINES).collect()
+    lines
+        .filter_map(|l| serde_json::from_slice::<Json>(&l).ok())
+        .filter(Json::is_object)
+        .take(MAX_METRIC_LINES)
+        .collect()
 }
 
 /// The last `n` lines of a file, with at most `max_bytes` read from its end.

@@ -3,7 +3,6 @@
 use serde_json::Value as Json;
 
 use super::run_data::{human_duration, stage_duration, status_word, RunData};
-use super::CiError;
 use crate::record::{RunStatus, StageStatus};
 
 /// Metrics shown per stage; the rest are in the HTML report.
@@ -19,7 +18,11 @@ pub fn render(run: &RunData) -> String {
         RunStatus::Running => "running",
     };
     let mut out = format!("### mflow run `{}`: {status}\n\n", r.pipeline);
-    out.push_str(&format!("Run `{}`, exit code {}.\n\n", r.id, r.exit_code.map(|c| c.to_string()).unwrap_or("-".into())));
+    out.push_str(&format!(
+        "Run `{}`, exit code {}.\n\n",
+        r.id,
+        r.exit_code.map(|c| c.to_string()).unwrap_or("-".into())
+    ));
     out.push_str("| Stage | Status | Cached | Duration | Key metrics |\n|---|---|---|---|---|\n");
     for (name, s) in run.stages() {
         let icon = match s.status {
@@ -29,13 +32,19 @@ pub fn render(run: &RunData) -> String {
         };
         let mut status = format!("{icon} {}", status_word(s.status));
         if s.status == StageStatus::Failed {
-            if let Some(m) = &s.message {
-                status.push_str(&format!(": {}", first_line(m)));
+            if let Some(m) = s.failure() {
+                status.push_str(&format!(": {}", first_line(&m)));
             }
         }
         let cached = if s.status == StageStatus::Cached { "yes" } else { "no" };
         let metrics = s.metrics.as_ref().map(key_metrics).unwrap_or_default();
-        out.push_str(&format!("| {} | {} | {cached} | {} | {} |\n", cell(name), cell(&status), human_duration(stage_duration(s)), cell(&metrics)));
+        out.push_str(&format!(
+            "| {} | {} | {cached} | {} | {} |\n",
+            cell(name),
+            cell(&status),
+            human_duration(stage_duration(s)),
+            cell(&metrics)
+        ));
     }
     out.push('\n');
     out
@@ -43,11 +52,6 @@ pub fn render(run: &RunData) -> String {
 
 /// Appends the summary when `GITHUB_STEP_SUMMARY` names a file; does nothing otherwise.
 /// The file is the user's (or the CI runner's): appended to as any user-named output is written.
-pub fn append_if_requested(run: &RunData, owned: &crate::user_output::Owned) -> Result<(), CiError> {
-    let Some(path) = std::env::var_os("GITHUB_STEP_SUMMARY").filter(|p| !p.is_empty()) else { return Ok(()) };
-    Ok(crate::user_output::append(std::path::Path::new(&path), render(run).as_bytes(), owned)?)
-}
-
 /// Top-level numbers first, then numbers one level down (`valid.loss`), at most MAX_METRICS.
 fn key_metrics(m: &Json) -> String {
     let Some(o) = m.as_object() else { return String::new() };

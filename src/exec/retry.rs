@@ -1,37 +1,10 @@
-//! Failure classes and the retry policy.
+//! Retries: what the executor does after a failed attempt, by the stage's retry policy.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-pub use mflow_progress::FailureClass;
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RetryPolicy {
-    /// Retries allowed per class.
-    pub max: u32,
-    pub backoff: Duration,
-    pub max_backoff: Duration,
-    pub on: Vec<FailureClass>,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            max: 0,
-            backoff: Duration::from_secs(5),
-            max_backoff: Duration::from_secs(300),
-            on: vec![FailureClass::Infra, FailureClass::Timeout],
-        }
-    }
-}
-
-impl RetryPolicy {
-    pub fn is_default(&self) -> bool {
-        *self == RetryPolicy::default()
-    }
-}
+pub use crate::spec::RetryPolicy;
+pub use mflow_contract::FailureClass;
 
 /// What the executor should do after a failed attempt.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,7 +39,9 @@ impl RetryState {
         let advanced = matches!((before, after), (b, Some(a)) if b.is_none_or(|b| a > b));
         if let Some(a) = after {
             if !advanced && self.last_failed_checkpoint == Some(a) {
-                return Verdict::GiveUp(format!("failed twice at checkpoint iteration {a}; the failure is deterministic"));
+                return Verdict::GiveUp(format!(
+                    "failed twice at checkpoint iteration {a}; the failure is deterministic"
+                ));
             }
             self.last_failed_checkpoint = Some(a);
         }
@@ -111,7 +86,10 @@ mod tests {
     #[test]
     fn classes_not_listed_are_not_retried() {
         let mut s = RetryState::default();
-        assert!(matches!(s.on_failure(&policy(3, &[FailureClass::Infra]), FailureClass::User, None, None), Verdict::GiveUp(_)));
+        assert!(matches!(
+            s.on_failure(&policy(3, &[FailureClass::Infra]), FailureClass::User, None, None),
+            Verdict::GiveUp(_)
+        ));
     }
 
     #[test]

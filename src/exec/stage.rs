@@ -1,253 +1,309 @@
-//! One stage from lock to commit: attempts, retries, gates, and the record of each.
+//! One stage from lock to commit: attempts, retries, gates, each said as a run event.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mflow_contract::event::{AttemptEnd, Retry, RunEvent, StageGate};
+use mflow_contract::record::AttemptOutcome;
+use mflow_contract::workload::StatusReport;
+use mflow_contract::FailureClass;
 use serde_json::Value as Json;
 
-use super::pool::Grant;
-use super::retry::{FailureClass, RetryState, Verdict};
-use super::{scratch_dir, Shared, StageEnd};
-use crate::backend::{Cancel, Job, Outcome};
+use super::retry::{RetryState, Verdict};
+use super::{Shared, StageEnd};
+use crate::backend::pool::Grant;
+use crate::backend::{AttemptArea, Cancel, Job, Outcome};
 use crate::cache::Lookup;
-use crate::record::{self, Attempt, StageStatus};
 use crate::stages::{build_job, JobContext};
-use crate::untrusted::{PROGRESS_PIECE, RESULT_JSON, SMALL_JSON};
+use crate::untrusted::{RESULT_JSON, SMALL_JSON};
 
-pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String, upstream: BTreeMap<String, PathBuf>, grant: &Grant, forced: bool) -> StageEnd {
+/// What one attempt needs besides the stage.
+struct AttemptCx<'a> {
+    i: usize,
+    key: &'a str,
+    upstream: &'a BTreeMap<String, PathBuf>,
+    grant: &'a Grant,
+    stage_dir: &'a Path,
+    scratch: &'a Path,
+}
+
+/// How one attempt went, before the retry policy looks at it.
+struct Tried {
+    outcome: Outcome,
+    before: Option<u64>,
+    end: AttemptEnd,
+    area: AttemptArea,
+}
+
+pub(super) async fn run_stage(
+    arc: Arc<Shared>,
+    i: usize,
+    key: String,
+    upstream: BTreeMap<String, PathBuf>,
+    grant: &Grant,
+    forced: bool,
+    gates: &mut Vec<StageGate>,
+) -> StageEnd {
     let sh = &*arc;
     let st = &sh.plan.stages[i];
     let name = st.spec.name.clone();
-    let workdir = sh.plan.spec.workdir();
     // Wait for the key's lock: another run may be computing the same output right now.
     let lock = loop {
         match sh.store.try_lock(&key) {
             Ok(Some(l)) => break l,
             Ok(None) => {}
-            Err(e) => return fail(sh, &name, FailureClass::Infra, e.to_string()).await,
+            Err(e) => return fail(sh, &name, e.class(), e.to_string()),
         }
         if *sh.cancel.borrow() != Cancel::None {
-            return fail(sh, &name, FailureClass::Cancelled, "cancelled".into()).await;
+            return fail(sh, &name, FailureClass::Cancelled, "cancelled".into());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     if st.spec.cache && !forced {
         if let Lookup::Hit(m) = sh.store.lookup(&key, false) {
-            let output = sh.store.output_dir(&key);
-            sh.update(&name, |r| {
-                r.status = StageStatus::Cached;
-                r.key = Some(key.clone());
-                r.output = Some(output.display().to_string());
-                r.output_digest = Some(m.digest.clone());
-            })
-            .await;
-            sh.show(&name, "cached", "computed by another run");
-            if let Some(message) = check_gates(sh, i, &output).await {
-                return fail(sh, &name, FailureClass::Gate, message).await;
-            }
-            return StageEnd::Done { digest: m.digest.clone(), output, cached: true };
+            return cached(sh, i, &key, &m.digest, true, gates).await;
         }
     }
     // Created only when something is written there (a log line, a kind's config, the files the
     // stage reports through): new inodes are the largest cost of a small stage.
-    let stage_dir = sh.run_dir.join("stages").join(&name);
+    let stage_dir = crate::workdir::stage_dir(&sh.run.dir, &name);
     // The stage creates its scratch directory when it needs one.
-    let scratch = scratch_dir(&workdir, &key);
+    let scratch = sh.plan.spec.workdir().scratch(&key);
     let started = Instant::now();
-    sh.update(&name, |r| {
-        r.status = StageStatus::Running;
-        r.key = Some(key.clone());
-        r.started = Some(record::now());
-    })
-    .await;
-
-    let params = crate::spec::substitute_outputs(&st.parts.params, &|n| upstream.get(n).map(|p| p.display().to_string()).unwrap_or_default());
+    sh.emit(RunEvent::StageStarted { stage: name.clone(), key: key.clone() });
+    let cx = AttemptCx { i, key: &key, upstream: &upstream, grant, stage_dir: &stage_dir, scratch: &scratch };
     let mut retry = RetryState::default();
     let mut attempt = 0u32;
     loop {
         attempt += 1;
-        let before = {
-            let (workdir, key) = (workdir.clone(), key.clone());
-            crate::untrusted::blocking(move || super::resume_point(&workdir, &key)).await
+        let tried = match attempt_once(&arc, &cx, attempt).await {
+            Ok(t) => t,
+            Err((class, message)) => return fail(sh, &name, class, message),
         };
-        let staging = match sh.store.stage(&key, &sh.run_id) {
-            Ok(s) => s,
-            Err(e) => return fail(sh, &name, FailureClass::Infra, e.to_string()).await,
-        };
-        let out = staging.clone();
-        let cx = JobContext {
-            stage: &st.spec,
-            params: &params,
-            output: &out,
-            scratch: &scratch,
-            attempt_dir: &stage_dir,
-            attempt,
-            spec_dir: &sh.plan.spec.dir,
-            env: &sh.env,
-            upstream: &upstream,
-            gpus: &grant.gpus,
-            cpus: grant.cpus.max(1.0),
-        };
-        let plan = match build_job(&cx) {
-            Ok(p) => p,
-            Err(e) => {
-                sh.store.discard(&staging);
-                return fail(sh, &name, FailureClass::User, e).await;
-            }
-        };
-        if plan.output_created_by_stage {
-            let _ = std::fs::remove_dir(&out);
-        }
-        let log = stage_dir.join(format!("attempt-{attempt}.log"));
-        // The files a stage may write about itself go next to its staging directory, which
-        // exists already, and move to the run record afterwards (`keep_reports`).
-        let reports = sh.store.attempt_dir(&staging).to_path_buf();
-        let status_file = report_path(&reports, REPORTS[0]);
-        let progress_file = report_path(&reports, REPORTS[1]);
-        let mut env = plan.env.clone();
-        env.extend(st.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        env.insert("MFLOW_OUTPUT".into(), out.display().to_string());
-        env.insert("MFLOW_SCRATCH".into(), scratch.display().to_string());
-        env.insert("MFLOW_PROGRESS".into(), progress_file.display().to_string());
-        env.insert("MFLOW_METRICS".into(), report_path(&reports, METRICS).display().to_string());
-        env.insert("MFLOW_STATUS".into(), status_file.display().to_string());
-        env.insert("MFLOW_ATTEMPT".into(), attempt.to_string());
-        env.insert("MFLOW_STAGE".into(), name.clone());
-        env.insert("MFLOW_RUN_DIR".into(), sh.run_dir.display().to_string());
-        for (up, path) in &upstream {
-            env.insert(crate::spec::input_var(up), path.display().to_string());
-        }
-        let job = Job { stage: name.clone(), key: key.clone(), attempt, steps: plan.steps, env, cwd: plan.cwd, timeout: st.spec.timeout, log: log.clone(), status_file: status_file.clone() };
-        // The engine goes on the line that says the stage started: where a reader looks first.
-        let detail = [(attempt > 1).then(|| format!("attempt {attempt}")), st.engine.as_ref().map(ToString::to_string)];
-        sh.show(&name, "started", &detail.into_iter().flatten().collect::<Vec<_>>().join("; "));
-        let attempt_started = record::now();
-        let t0 = Instant::now();
-        sh.update(&name, |r| {
-            r.attempts.push(Attempt {
-                n: attempt,
-                started: attempt_started.clone(),
-                finished: None,
-                duration_s: None,
-                outcome: None,
-                message: None,
-                log: log.strip_prefix(&sh.run_dir).unwrap_or(&log).display().to_string(),
-                resumed_from: before,
-                checkpoint_iteration: None,
-            })
-        })
-        .await;
-
-        let watcher = tokio::spawn(watch_progress(progress_file.clone(), name.clone(), arc.clone()));
-        let mut outcome = sh.backend.run(&job, sh.lines.clone(), sh.cancel.clone()).await;
-        watcher.abort();
-        let reported = read_json(&status_file, SMALL_JSON).await;
-        {
-            let (reports, stage_dir) = (reports.clone(), stage_dir.clone());
-            crate::untrusted::blocking(move || keep_reports(&reports, &stage_dir, attempt)).await;
-        }
-        let after = reported.as_ref().and_then(|v| v.get("checkpoint_iteration")).and_then(Json::as_u64).or(before);
-        let resumed_from = reported.as_ref().and_then(|v| v.get("resumed_from")).and_then(Json::as_u64);
-        if let Some(a) = after {
-            let _ = std::fs::create_dir_all(&scratch);
-            let _ = record::write_json(&scratch.join("progress.json"), &serde_json::json!({"checkpoint_iteration": a}));
-        }
-
-        if outcome == Outcome::Success && !out.is_dir() {
-            outcome = Outcome::Failed { class: FailureClass::User, message: "the stage succeeded but wrote no output directory".into() };
-        }
-        let metrics = read_json(&out.join("metrics.json"), RESULT_JSON).await;
-        let verification = read_json(&out.join("verification.json"), RESULT_JSON).await;
-        let (outcome_str, message) = match &outcome {
-            Outcome::Success => ("success".to_string(), None),
-            Outcome::Failed { class, message } => (class.to_string(), Some(message.clone())),
-            Outcome::Detached { message } => ("interrupted".to_string(), Some(message.clone())),
-        };
-        let dur = t0.elapsed().as_secs_f64();
-        sh.update(&name, |r| {
-            if let Some(a) = r.attempts.last_mut() {
-                a.finished = Some(record::now());
-                a.duration_s = Some(dur);
-                a.outcome = Some(outcome_str.clone());
-                a.message = message.clone();
-                a.checkpoint_iteration = after;
-                if resumed_from.is_some() {
-                    a.resumed_from = resumed_from;
-                }
-            }
-            r.metrics = metrics.clone();
-            r.verification = verification.clone();
-        })
-        .await;
-
+        let Tried { outcome, before, mut end, area } = tried;
         match outcome {
             Outcome::Detached { message } => {
-                sh.store.discard(&staging);
-                sh.update(&name, |r| {
-                    r.status = StageStatus::Interrupted;
-                    r.message = Some(message.clone());
-                })
-                .await;
-                sh.show(&name, "interrupted", &message);
-                return StageEnd::Failed { class: FailureClass::Cancelled, message };
+                // An attempt that goes on without mflow keeps its area for the next run.
+                if !area.reattachable {
+                    sh.store.discard(&area.out);
+                }
+                sh.emit(RunEvent::AttemptEnded { stage: name.clone(), attempt, end });
+                sh.emit(RunEvent::StageInterrupted { stage: name.clone(), message });
+                return StageEnd::NotDone { status: mflow_contract::record::StageStatus::Interrupted, class: None };
             }
             Outcome::Success => {
-                let manifest = match commit(&arc, &staging, &key, &name).await {
-                    Ok(m) => m,
-                    Err(e) => {
-                        sh.store.discard(&staging);
-                        // A link, a FIFO or a name not in UTF-8 in the output is the stage's doing, and fails every time.
-                        let class = if matches!(e, crate::cache::CacheError::FileType { .. } | crate::cache::CacheError::NotUtf8 { .. }) { FailureClass::User } else { FailureClass::Infra };
-                        return fail(sh, &name, class, e.to_string()).await;
-                    }
-                };
-                drop(lock);
-                let _ = std::fs::remove_dir_all(&scratch);
-                let output = sh.store.output_dir(&key);
-                if let Some(warning) = sh.backend.committed(&key, &name, &output, &manifest.digest).await {
-                    sh.show(&name, "warning", &warning);
-                }
-                let total = started.elapsed().as_secs_f64();
-                sh.update(&name, |r| {
-                    r.status = StageStatus::Succeeded;
-                    r.output = Some(output.display().to_string());
-                    r.output_digest = Some(manifest.digest.clone());
-                    r.finished = Some(record::now());
-                    r.duration_s = Some(total);
-                })
-                .await;
-                sh.show(&name, "succeeded", &format!("{:.1}s", total));
-                // A gate judges the result; the result itself stays cached.
-                if let Some(message) = check_gates(sh, i, &output).await {
-                    return fail(sh, &name, FailureClass::Gate, message).await;
-                }
-                return StageEnd::Done { digest: manifest.digest, output, cached: false };
+                sh.emit(RunEvent::AttemptEnded { stage: name.clone(), attempt, end });
+                return succeed(&arc, i, &area.out, &key, &scratch, started, lock, gates).await;
             }
             Outcome::Failed { class, message } => {
-                sh.store.discard(&staging);
-                if class == FailureClass::Cancelled || class == FailureClass::Gate {
-                    return fail(sh, &name, class, message).await;
-                }
-                match retry.on_failure(&st.spec.retries, class, before, after) {
+                sh.store.discard(&area.out);
+                let verdict = match class {
+                    FailureClass::Cancelled | FailureClass::Gate => Verdict::GiveUp(String::new()),
+                    _ => retry.on_failure(&st.spec.retries, class, before, end.checkpoint_iteration),
+                };
+                let wait = match verdict {
+                    Verdict::RetryAfter(d) => d,
                     Verdict::GiveUp(why) => {
-                        let msg = if st.spec.retries.max > 0 || st.spec.retries.on.contains(&class) { format!("{message} ({why})") } else { message };
-                        return fail(sh, &name, class, msg).await;
+                        sh.emit(RunEvent::AttemptEnded { stage: name.clone(), attempt, end });
+                        let retried = st.spec.retries.max > 0 || st.spec.retries.on.contains(&class);
+                        let msg = if retried && !why.is_empty() { format!("{message} ({why})") } else { message };
+                        return fail(sh, &name, class, msg);
                     }
-                    Verdict::RetryAfter(d) => {
-                        sh.show(&name, "retrying", &format!("{class}: {message}; attempt {} in {}", attempt + 1, humantime::format_duration(Duration::from_millis(d.as_millis() as u64))));
-                        let mut c = sh.cancel.clone();
-                        tokio::select! {
-                            _ = tokio::time::sleep(d) => {}
-                            _ = async { let _ = c.wait_for(|l| *l != Cancel::None).await; } => {
-                                return fail(sh, &name, FailureClass::Cancelled, "cancelled while waiting to retry".into()).await;
-                            }
-                        }
+                };
+                end.retry = Some(Retry { attempt: attempt + 1, after_s: wait.as_secs_f64() });
+                sh.emit(RunEvent::AttemptEnded { stage: name.clone(), attempt, end });
+                let mut c = sh.cancel.clone();
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = async { let _ = c.wait_for(|l| *l != Cancel::None).await; } => {
+                        return fail(sh, &name, FailureClass::Cancelled, "cancelled while waiting to retry".into());
                     }
                 }
             }
         }
     }
+}
+
+/// Runs one attempt: builds its job, starts it on the backend, and reads what the stage said
+/// about itself. `Err` when the job cannot even be built.
+async fn attempt_once(arc: &Arc<Shared>, cx: &AttemptCx<'_>, attempt: u32) -> Result<Tried, (FailureClass, String)> {
+    let sh = &**arc;
+    let st = &sh.plan.stages[cx.i];
+    let name = st.spec.name.clone();
+    let workdir = sh.plan.spec.workdir();
+    let before = {
+        let key = cx.key.to_string();
+        crate::untrusted::blocking(move || workdir.resume_point(&key)).await
+    };
+    // The backend says where the output goes before the job is built, so that the job names it.
+    let area = sh.backend.attempt_area(&sh.plan.spec.workdir(), &name, cx.key, attempt, &sh.run.id);
+    let staging = area.out.clone();
+    let job_cx = JobContext {
+        stage: &st.spec,
+        engine: st.engine.as_ref(),
+        output: &staging,
+        scratch: cx.scratch,
+        attempt_dir: cx.stage_dir,
+        config_dir: None,
+        attempt,
+        spec_dir: &sh.plan.spec.dir,
+        env: &sh.env,
+        upstream: cx.upstream,
+        gpus: &cx.grant.gpus,
+        cpus: cx.grant.cpus.max(1.0),
+    };
+    let plan = build_job(&job_cx).map_err(|e| (FailureClass::User, e))?;
+    // Native commands create their output directory themselves (atomically).
+    let with_output = !plan.output_created_by_stage;
+    sh.store.prepare(cx.key, &area, with_output).map_err(|e| (e.class(), e.to_string()))?;
+    let log = cx.stage_dir.join(format!("attempt-{attempt}.log"));
+    // The files a stage may write about itself go next to its output, in the attempt's area,
+    // and move to the run record afterwards (`keep_reports`).
+    let reports = area.dir.clone();
+    let status_file = reports.join(REPORTS[0]);
+    let progress_file = reports.join(REPORTS[1]);
+    let mut env = plan.env.clone();
+    env.extend(st.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    use mflow_contract::vars;
+    for (var, value) in [
+        (vars::OUTPUT, staging.display().to_string()),
+        (vars::SCRATCH, cx.scratch.display().to_string()),
+        (vars::PROGRESS, progress_file.display().to_string()),
+        (vars::METRICS, reports.join(METRICS).display().to_string()),
+        (vars::STATUS, status_file.display().to_string()),
+        (vars::ATTEMPT, attempt.to_string()),
+        (vars::STAGE, name.clone()),
+        (vars::RUN_DIR, sh.run.dir.display().to_string()),
+    ] {
+        env.insert(var.to_string(), value);
+    }
+    for (up, path) in cx.upstream {
+        env.insert(crate::spec::input_var(up), path.display().to_string());
+    }
+    let job = Job {
+        stage: name.clone(),
+        key: cx.key.to_string(),
+        attempt,
+        steps: plan.steps,
+        env,
+        cwd: plan.cwd,
+        timeout: st.spec.timeout,
+        log: log.clone(),
+        status_file: status_file.clone(),
+        area: area.clone(),
+    };
+    let relative_log = log.strip_prefix(&sh.run.dir).unwrap_or(&log).display().to_string();
+    sh.emit(RunEvent::AttemptStarted {
+        stage: name.clone(),
+        attempt,
+        log: relative_log,
+        engine: st.engine.clone(),
+        resumed_from: before,
+    });
+    let t0 = Instant::now();
+    let watcher = tokio::spawn(super::progress::watch(progress_file, name.clone(), attempt, arc.clone()));
+    let mut outcome = sh.backend.run(&job, sh.lines.clone(), sh.cancel.clone()).await;
+    watcher.abort();
+    let reported: StatusReport =
+        read_json(&status_file, SMALL_JSON).await.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default();
+    {
+        let (reports, stage_dir) = (reports.clone(), cx.stage_dir.to_path_buf());
+        crate::untrusted::blocking(move || keep_reports(&reports, &stage_dir, attempt)).await;
+    }
+    let after = reported.checkpoint_iteration.or(before);
+    if let Some(a) = after {
+        let _ = std::fs::create_dir_all(cx.scratch);
+        let note = serde_json::json!({"checkpoint_iteration": a});
+        let _ = crate::record::write_json(&sh.plan.spec.workdir().resume_note(cx.key), &note);
+    }
+    if outcome == Outcome::Success && !staging.is_dir() {
+        outcome = Outcome::Failed {
+            class: FailureClass::User,
+            message: "the stage succeeded but wrote no output directory".into(),
+        };
+    }
+    let (outcome_kind, message) = match &outcome {
+        Outcome::Success => (AttemptOutcome::Success, None),
+        Outcome::Failed { class, message } => (AttemptOutcome::Failed(*class), Some(message.clone())),
+        Outcome::Detached { message } => (AttemptOutcome::Interrupted, Some(message.clone())),
+    };
+    let end = AttemptEnd {
+        outcome: outcome_kind,
+        message,
+        duration_s: t0.elapsed().as_secs_f64(),
+        checkpoint_iteration: after,
+        resumed_from: reported.resumed_from,
+        retry: None,
+        metrics: read_json(&staging.join("metrics.json"), RESULT_JSON).await,
+        verification: read_json(&staging.join("verification.json"), RESULT_JSON).await,
+    };
+    Ok(Tried { outcome, before, end, area })
+}
+
+/// Commits a successful attempt's output and checks the stage's gates.
+#[allow(clippy::too_many_arguments)]
+async fn succeed(
+    arc: &Arc<Shared>,
+    i: usize,
+    staging: &Path,
+    key: &str,
+    scratch: &Path,
+    started: Instant,
+    lock: crate::cache::KeyLock,
+    gates: &mut Vec<StageGate>,
+) -> StageEnd {
+    let sh = &**arc;
+    let name = &sh.plan.stages[i].spec.name;
+    let manifest = match commit(arc, staging, key, name).await {
+        Ok(m) => m,
+        Err(e) => {
+            sh.store.discard(staging);
+            return fail(sh, name, e.class(), e.to_string());
+        }
+    };
+    drop(lock);
+    let _ = std::fs::remove_dir_all(scratch);
+    let output = sh.store.output_dir(key);
+    if let Some(warning) = sh.backend.committed(key, name, &output, &manifest.digest).await {
+        sh.emit(RunEvent::Warning { stage: Some(name.clone()), message: warning });
+    }
+    sh.emit(RunEvent::StageSucceeded {
+        stage: name.clone(),
+        output: output.display().to_string(),
+        digest: manifest.digest.clone(),
+        duration_s: started.elapsed().as_secs_f64(),
+    });
+    // A gate judges the result; the result itself stays cached.
+    if let Some(message) = check_gates(sh, i, &output, gates).await {
+        return fail(sh, name, FailureClass::Gate, message);
+    }
+    StageEnd::Done { digest: manifest.digest, output, cached: false }
+}
+
+/// A stage whose output is in the cache: said so, and its gates checked.
+pub(super) async fn cached(
+    sh: &Shared,
+    i: usize,
+    key: &str,
+    digest: &str,
+    by_another_run: bool,
+    gates: &mut Vec<StageGate>,
+) -> StageEnd {
+    let name = &sh.plan.stages[i].spec.name;
+    let output = sh.store.output_dir(key);
+    sh.emit(RunEvent::StageCached {
+        stage: name.clone(),
+        key: key.to_string(),
+        output: output.display().to_string(),
+        digest: digest.to_string(),
+        by_another_run,
+    });
+    if let Some(message) = check_gates(sh, i, &output, gates).await {
+        return fail(sh, name, FailureClass::Gate, message);
+    }
+    StageEnd::Done { digest: digest.to_string(), output, cached: true }
 }
 
 /// Outputs larger than this are hashed on a blocking thread: the runtime has one thread, and
@@ -256,7 +312,12 @@ pub(super) async fn run_stage(arc: std::sync::Arc<Shared>, i: usize, key: String
 /// stage itself.
 const INLINE_HASH_BYTES: u64 = 4 << 20;
 
-async fn commit(arc: &std::sync::Arc<Shared>, staging: &std::path::Path, key: &str, name: &str) -> Result<crate::cache::Manifest, crate::cache::CacheError> {
+async fn commit(
+    arc: &Arc<Shared>,
+    staging: &Path,
+    key: &str,
+    name: &str,
+) -> Result<crate::cache::Manifest, crate::cache::CacheError> {
     let staged = crate::cache::Staged::list(staging)?;
     if staged.bytes() <= INLINE_HASH_BYTES {
         return arc.store.commit_listed(staged, key, name);
@@ -273,20 +334,13 @@ const REPORTS: [&str; 3] = ["status.json", "progress.jsonl", METRICS];
 /// The one report kept across attempts (appended to) rather than per attempt.
 const METRICS: &str = "metrics.jsonl";
 
-/// Where a stage writes report `name`: in its attempt's directory `reports`, beside the
-/// output, so that it goes with the attempt.
-fn report_path(reports: &std::path::Path, name: &str) -> PathBuf {
-    reports.join(name)
-}
-
-/// Moves the files the stage wrote about itself from next to its staging directory to the run record:
-/// `attempt-N.status.json`, `attempt-N.progress.jsonl`, and `metrics.jsonl` (appended to across
-/// attempts).
-/// Only regular files are kept: a FIFO, a device or a link in a report's place is removed, so
-/// that nothing reading the record later meets it.
-fn keep_reports(reports: &std::path::Path, stage_dir: &std::path::Path, attempt: u32) {
+/// Moves the files the stage wrote about itself from next to its staging directory to the run
+/// record: `attempt-N.status.json`, `attempt-N.progress.jsonl`, and `metrics.jsonl` (appended to
+/// across attempts). Only regular files are kept: a FIFO, a device or a link in a report's place
+/// is removed, so that nothing reading the record later meets it.
+fn keep_reports(reports: &Path, stage_dir: &Path, attempt: u32) {
     for name in REPORTS {
-        let from = report_path(reports, name);
+        let from = reports.join(name);
         match std::fs::symlink_metadata(&from) {
             Ok(m) if m.is_file() => {}
             Ok(_) => {
@@ -296,9 +350,14 @@ fn keep_reports(reports: &std::path::Path, stage_dir: &std::path::Path, attempt:
             Err(_) => continue,
         }
         let _ = std::fs::create_dir_all(stage_dir);
-        let to = if name == METRICS { stage_dir.join(name) } else { stage_dir.join(format!("attempt-{attempt}.{name}")) };
+        let to =
+            if name == METRICS { stage_dir.join(name) } else { stage_dir.join(format!("attempt-{attempt}.{name}")) };
         if name == METRICS && to.exists() {
-            let to = mflow_untrusted::open_with(&to, std::fs::OpenOptions::new().append(true), mflow_untrusted::Links::Refuse);
+            let to = mflow_untrusted::open_with(
+                &to,
+                std::fs::OpenOptions::new().append(true),
+                mflow_untrusted::Links::Refuse,
+            );
             let appended = to.and_then(|mut f| crate::untrusted::copy_from(&from, 0, &mut f));
             if appended.is_ok() {
                 let _ = std::fs::remove_file(&from);
@@ -309,72 +368,39 @@ fn keep_reports(reports: &std::path::Path, stage_dir: &std::path::Path, attempt:
     }
 }
 
-/// Checks the stage's gates against the `metrics.json` in its output, records the results, and
+/// Checks the stage's gates against the `metrics.json` in its output, says the results, and
 /// returns the failure message if any gate failed.
-pub(super) async fn check_gates(sh: &Shared, i: usize, output: &std::path::Path) -> Option<String> {
+async fn check_gates(sh: &Shared, i: usize, output: &Path, tally: &mut Vec<StageGate>) -> Option<String> {
     let name = sh.plan.stages[i].spec.name.as_str();
     let gates = &sh.plan.stages[i].spec.gates;
     if gates.is_empty() {
         return None;
     }
-    let metrics = read_json(&output.join("metrics.json"), RESULT_JSON).await.unwrap_or(Json::Null);
-    let results = crate::exec::gates::evaluate(gates, &metrics);
+    let metrics = read_json(&output.join("metrics.json"), RESULT_JSON).await;
+    let results = crate::spec::gates::evaluate(gates, metrics.as_ref().unwrap_or(&Json::Null));
     let failed: Vec<String> = results
         .iter()
         .filter(|g| !g.passed)
-        .map(|g| format!("{} = {} is not {}", g.metric, g.value.map(|v| format!("{v:.4}")).unwrap_or("missing".into()), g.condition))
+        .map(|g| {
+            let value = g.value.map(|v| format!("{v:.4}")).unwrap_or("missing".into());
+            format!("{} = {value} is not {}", g.metric, g.condition)
+        })
         .collect();
-    sh.update(name, |r| {
-        r.gates = results.clone();
-        if r.metrics.is_none() {
-            r.metrics = Some(metrics.clone());
-        }
-    })
-    .await;
-    if failed.is_empty() { None } else { Some(format!("gate failed: {}", failed.join("; "))) }
+    tally.extend(results.iter().map(|g| StageGate { stage: name.to_string(), gate: g.clone() }));
+    sh.emit(RunEvent::GatesChecked { stage: name.to_string(), gates: results, metrics });
+    if failed.is_empty() {
+        None
+    } else {
+        Some(format!("gate failed: {}", failed.join("; ")))
+    }
 }
 
-async fn fail(sh: &Shared, name: &str, class: FailureClass, message: String) -> StageEnd {
-    let status = if class == FailureClass::Cancelled { StageStatus::Cancelled } else { StageStatus::Failed };
-    sh.update(name, |r| {
-        r.status = status;
-        r.message = Some(format!("{class}: {message}"));
-        r.finished = Some(record::now());
-    })
-    .await;
-    sh.show(name, if status == StageStatus::Cancelled { "cancelled" } else { "failed" }, &format!("{class}: {message}"));
-    StageEnd::Failed { class, message }
+fn fail(sh: &Shared, name: &str, class: FailureClass, message: String) -> StageEnd {
+    sh.emit(RunEvent::StageFailed { stage: name.to_string(), class, message });
+    StageEnd::failed(class)
 }
 
 /// A file the stage wrote about itself, read off the runtime (`crate::untrusted`).
-async fn read_json(path: &std::path::Path, cap: u64) -> Option<Json> {
+async fn read_json(path: &Path, cap: u64) -> Option<Json> {
     crate::untrusted::read_json_async(path.to_path_buf(), cap).await
-}
-
-
-/// Follows the stage's progress file and forwards the newest event to the display.
-async fn watch_progress(path: PathBuf, stage: String, sh: std::sync::Arc<Shared>) {
-    let t0 = Instant::now();
-    let mut offset = 0u64;
-    loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        // Only what was appended since the last look, a bounded piece at a time.
-        let p = path.clone();
-        let Ok((new, size)) = crate::untrusted::blocking(move || crate::untrusted::read_from(&p, offset, PROGRESS_PIECE)).await else { continue };
-        if new.is_empty() {
-            continue;
-        }
-        let end = new.iter().rposition(|&b| b == b'\n').map(|p| p + 1).unwrap_or(0);
-        // A piece without a line end, as large as a piece can be, is skipped rather than waited on.
-        let end = if end == 0 && new.len() as u64 == PROGRESS_PIECE { new.len() } else { end };
-        offset += end as u64;
-        if offset < size.saturating_sub(PROGRESS_PIECE) {
-            // Far behind: only the newest events matter to the display.
-            offset = size - PROGRESS_PIECE;
-            continue;
-        }
-        if let Some(ev) = std::str::from_utf8(&new[..end]).ok().and_then(|s| s.lines().rev().find_map(mflow_progress::Event::parse)) {
-            sh.display.lock().unwrap().progress(&stage, &ev, t0.elapsed());
-        }
-    }
 }

@@ -15,10 +15,16 @@ use mflow_untrusted::walk::WalkError;
 #[derive(Debug, Error, Diagnostic)]
 pub enum InputError {
     #[error("stage `{stage}`: input `{pattern}` matches no file")]
-    #[diagnostic(code(mflow::plan::input_missing), help("check the path; relative paths start at the spec's directory"))]
+    #[diagnostic(
+        code(mflow::plan::input_missing),
+        help("check the path; relative paths start at the spec's directory")
+    )]
     NoMatch { stage: String, pattern: String },
     #[error("stage `{stage}`: input `{pattern}` leaves the project directory {}", root.display())]
-    #[diagnostic(code(mflow::plan::input_escapes), help("keep relative inputs inside the project, or give an absolute path"))]
+    #[diagnostic(
+        code(mflow::plan::input_escapes),
+        help("keep relative inputs inside the project, or give an absolute path")
+    )]
     Escapes { stage: String, pattern: String, root: PathBuf },
     #[error("stage `{stage}`: input `{}` is a symbolic link to {}, outside the project directory {}", link.display(), target.display(), root.display())]
     #[diagnostic(
@@ -33,7 +39,10 @@ pub enum InputError {
     #[diagnostic(code(mflow::plan::input_cycle), help("remove the link, or name the files below it in `inputs`"))]
     Cycle { stage: String, path: PathBuf },
     #[error("stage `{stage}`: input `{pattern}` {what}")]
-    #[diagnostic(code(mflow::plan::input_too_large), help("name fewer files: a narrower path or glob, or an archive of the directory"))]
+    #[diagnostic(
+        code(mflow::plan::input_too_large),
+        help("name fewer files: a narrower path or glob, or an archive of the directory")
+    )]
     TooLarge { stage: String, pattern: String, what: String },
     #[error("stage `{stage}`: invalid input pattern `{pattern}`: {reason}")]
     #[diagnostic(code(mflow::plan::input_pattern))]
@@ -80,7 +89,11 @@ pub const MAX_WALK_DEPTH: usize = mflow_untrusted::walk::LIMITS.depth;
 pub const MAX_WALK_ENTRIES: usize = mflow_untrusted::walk::LIMITS.entries;
 
 /// The walk of a directory input: links followed, a cycle and a tree past the bounds refused.
-fn walk<E>(start: &Path, stat: &dyn Fn(&Path) -> Option<FileStat>, visit: &mut dyn FnMut(&Path, &FileStat, bool) -> Result<bool, E>) -> Result<(), WalkError<E>> {
+fn walk<E>(
+    start: &Path,
+    stat: &dyn Fn(&Path) -> Option<FileStat>,
+    visit: &mut dyn FnMut(&Path, &FileStat, bool) -> Result<bool, E>,
+) -> Result<(), WalkError<E>> {
     mflow_untrusted::walk::walk(start, mflow_untrusted::walk::LIMITS, stat, visit)
 }
 
@@ -100,22 +113,33 @@ pub struct KnownInputs {
 }
 
 impl KnownInputs {
-    pub fn read(workdir: &Path) -> KnownInputs {
-        let path = workdir.join("state").join("inputs.json");
-        let stats = crate::cache::read_regular(&path, crate::cache::MAX_STATE_BYTES).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+    pub fn read(workdir: &crate::workdir::Workdir) -> KnownInputs {
+        let path = workdir.state_file("inputs.json");
+        let stats = crate::cache::read_regular(&path, crate::cache::MAX_STATE_BYTES)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
         KnownInputs { path, stats }
     }
 }
 
 impl InputHasher {
     /// The hasher of `workdir`'s inputs, with `known` when it was read from there.
-    pub fn open(workdir: &Path, base: &Path, known: Option<KnownInputs>) -> InputHasher {
-        let path = workdir.join("state").join("inputs.json");
+    pub fn open(workdir: &crate::workdir::Workdir, base: &Path, known: Option<KnownInputs>) -> InputHasher {
+        let path = workdir.state_file("inputs.json");
         let known = match known {
             Some(k) if k.path == path => k,
             _ => KnownInputs::read(workdir),
         };
-        InputHasher { path, known: known.stats, fresh: Mutex::default(), base: base.to_path_buf(), base_dir: OpenDir::open(base).ok(), volume_elsewhere: false, parents: Mutex::default() }
+        InputHasher {
+            path,
+            known: known.stats,
+            fresh: Mutex::default(),
+            base: base.to_path_buf(),
+            base_dir: OpenDir::open(base).ok(),
+            volume_elsewhere: false,
+            parents: Mutex::default(),
+        }
     }
 
     /// Inputs on the artifact volume are left to the cluster (see [`ON_THE_VOLUME`]).
@@ -126,7 +150,12 @@ impl InputHasher {
 
     /// Expands `patterns` (relative to `base`, which must not be left) and digests every file.
     /// Directories are walked. Keys of the result are the paths as the user wrote them, resolved.
-    pub fn digest(&self, stage: &str, root: &Path, patterns: &[String]) -> Result<BTreeMap<String, String>, InputError> {
+    pub fn digest(
+        &self,
+        stage: &str,
+        root: &Path,
+        patterns: &[String],
+    ) -> Result<BTreeMap<String, String>, InputError> {
         let base = self.base.as_path();
         let mut out = BTreeMap::new();
         for pattern in patterns {
@@ -137,7 +166,11 @@ impl InputHasher {
             }
             // `base` is inside `root`, so only a `..` can lead out of it.
             if !p.is_absolute() && p.components().any(|c| c == Component::ParentDir) && escapes(&base.join(p), root) {
-                return Err(InputError::Escapes { stage: stage.into(), pattern: pattern.clone(), root: root.to_path_buf() });
+                return Err(InputError::Escapes {
+                    stage: stage.into(),
+                    pattern: pattern.clone(),
+                    root: root.to_path_buf(),
+                });
             }
             let full = base.join(p);
             // An absolute path outside the project is the user's choice, links on the way included.
@@ -153,7 +186,12 @@ impl InputHasher {
                     let real = std::fs::canonicalize(entry).ok();
                     if let (Some(scope), Some(real)) = (&glob_scope, &real) {
                         if !real.starts_with(scope) {
-                            return Err(InputError::LinkLeaves { stage: stage.into(), link: entry.to_path_buf(), target: real.clone(), dir: scope.clone() });
+                            return Err(InputError::LinkLeaves {
+                                stage: stage.into(),
+                                link: entry.to_path_buf(),
+                                target: real.clone(),
+                                dir: scope.clone(),
+                            });
                         }
                     }
                     links.scope = glob_scope.clone().or(real);
@@ -165,19 +203,30 @@ impl InputHasher {
                 self.collect_stat(entry, meta, links, &mut files).map_err(|e| e.for_pattern(pattern))
             };
             if is_glob {
-                let bad = |e: glob::PatternError| InputError::Pattern { stage: stage.into(), pattern: pattern.clone(), reason: e.to_string() };
+                let bad = |e: glob::PatternError| InputError::Pattern {
+                    stage: stage.into(),
+                    pattern: pattern.clone(),
+                    reason: e.to_string(),
+                };
                 if pattern.contains("**") {
                     // The glob crate follows links below `**` without end; this walk stops at
                     // a cycle and at the walk's bounds.
                     links.scope = glob_scope.clone();
-                    for entry in self.glob_recursive(stage, &full, glob::Pattern::new(&full.to_string_lossy()).map_err(bad)?, &links).map_err(|e| e.for_pattern(pattern))? {
+                    for entry in self
+                        .glob_recursive(stage, &full, glob::Pattern::new(&full.to_string_lossy()).map_err(bad)?, &links)
+                        .map_err(|e| e.for_pattern(pattern))?
+                    {
                         add(&entry, &mut links)?;
                     }
                 } else {
                     // One directory listed per component: as bounded as the pattern is long.
                     for (n, entry) in glob::glob(&full.to_string_lossy()).map_err(bad)?.flatten().enumerate() {
                         if n >= MAX_WALK_ENTRIES {
-                            return Err(InputError::TooLarge { stage: stage.into(), pattern: pattern.clone(), what: format!("matches more than {MAX_WALK_ENTRIES} paths") });
+                            return Err(InputError::TooLarge {
+                                stage: stage.into(),
+                                pattern: pattern.clone(),
+                                what: format!("matches more than {MAX_WALK_ENTRIES} paths"),
+                            });
                         }
                         add(&entry, &mut links)?;
                     }
@@ -190,8 +239,15 @@ impl InputHasher {
                 return Err(InputError::NoMatch { stage: stage.into(), pattern: pattern.clone() });
             }
             for (f, meta) in files {
-                let rel = f.strip_prefix(base).map(|r| r.to_string_lossy().to_string()).unwrap_or_else(|_| f.to_string_lossy().to_string());
-                let d = self.file(&f, &meta).map_err(|source| InputError::Io { stage: stage.into(), path: f.clone(), source })?;
+                let rel = f
+                    .strip_prefix(base)
+                    .map(|r| r.to_string_lossy().to_string())
+                    .unwrap_or_else(|_| f.to_string_lossy().to_string());
+                let d = self.file(&f, &meta).map_err(|source| InputError::Io {
+                    stage: stage.into(),
+                    path: f.clone(),
+                    source,
+                })?;
                 out.insert(rel, d);
             }
         }
@@ -231,7 +287,13 @@ impl InputHasher {
     /// The files at `path` (the file itself, or every file below a directory), with their stats.
     /// A link met in a directory is checked by `links` before it is followed. `meta` is the
     /// stat of `path`, links followed.
-    fn collect_stat(&self, path: &Path, meta: Option<FileStat>, links: &Links, out: &mut Vec<(PathBuf, FileStat)>) -> Result<(), InputError> {
+    fn collect_stat(
+        &self,
+        path: &Path,
+        meta: Option<FileStat>,
+        links: &Links,
+        out: &mut Vec<(PathBuf, FileStat)>,
+    ) -> Result<(), InputError> {
         match meta {
             Some(m) if m.is_dir => {}
             Some(m) if m.is_file => {
@@ -256,7 +318,9 @@ impl InputHasher {
     fn walk_error(&self, stage: &str, e: WalkError<InputError>) -> InputError {
         let stage = stage.to_string();
         match e {
-            WalkError::Cycle { path } => InputError::Cycle { stage, path: path.strip_prefix(&self.base).map(Path::to_path_buf).unwrap_or(path) },
+            WalkError::Cycle { path } => {
+                InputError::Cycle { stage, path: path.strip_prefix(&self.base).map(Path::to_path_buf).unwrap_or(path) }
+            }
             WalkError::Visit(e) => e,
             other => InputError::TooLarge { stage, pattern: String::new(), what: other.to_string() },
         }
@@ -266,8 +330,18 @@ impl InputHasher {
     /// matches, as `glob::glob` finds them (`*` within a component, `**` across them), walked
     /// once as inputs are walked; a link to a directory is checked by `links` before the walk
     /// enters it.
-    fn glob_recursive(&self, stage: &str, full: &Path, pattern: glob::Pattern, links: &Links) -> Result<Vec<PathBuf>, InputError> {
-        let opts = glob::MatchOptions { case_sensitive: true, require_literal_separator: true, require_literal_leading_dot: false };
+    fn glob_recursive(
+        &self,
+        stage: &str,
+        full: &Path,
+        pattern: glob::Pattern,
+        links: &Links,
+    ) -> Result<Vec<PathBuf>, InputError> {
+        let opts = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: false,
+        };
         let start = literal_prefix(full);
         let mut out = Vec::new();
         let mut visit = |p: &Path, m: &FileStat, is_link: bool| -> Result<bool, InputError> {
@@ -323,7 +397,11 @@ impl Links<'_> {
         let plain = lstat.filter(|m| m.is_file || m.is_dir);
         let in_parent = || {
             let mut parents = self.parents.lock().unwrap();
-            parents.entry(parent.to_path_buf()).or_insert_with(|| std::fs::canonicalize(parent).ok()).as_ref().map(|p| p.join(name))
+            parents
+                .entry(parent.to_path_buf())
+                .or_insert_with(|| std::fs::canonicalize(parent).ok())
+                .as_ref()
+                .map(|p| p.join(name))
         };
         let resolved = if plain.is_some() {
             in_parent()
@@ -357,7 +435,9 @@ impl Links<'_> {
         for c in path.strip_prefix(from).unwrap_or(path).components() {
             prefix.push(c);
             let is_link = std::fs::symlink_metadata(&prefix).is_ok_and(|m| m.file_type().is_symlink());
-            if let Some(t) = is_link.then(|| std::fs::canonicalize(&prefix).ok()).flatten().filter(|t| !t.starts_with(self.root)) {
+            if let Some(t) =
+                is_link.then(|| std::fs::canonicalize(&prefix).ok()).flatten().filter(|t| !t.starts_with(self.root))
+            {
                 return self.error(&prefix, t);
             }
         }
@@ -374,7 +454,9 @@ impl InputError {
     /// Names the pattern in an error raised below it, where the pattern was not known.
     fn for_pattern(self, p: &str) -> InputError {
         match self {
-            InputError::TooLarge { stage, pattern, what } if pattern.is_empty() => InputError::TooLarge { stage, pattern: p.to_string(), what },
+            InputError::TooLarge { stage, pattern, what } if pattern.is_empty() => {
+                InputError::TooLarge { stage, pattern: p.to_string(), what }
+            }
             other => other,
         }
     }
@@ -400,21 +482,7 @@ pub fn escapes(path: &Path, root: &Path) -> bool {
         }
         out
     };
-    let abs = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir().unwrap_or_default().join(p) };
+    let abs =
+        |p: &Path| if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir().unwrap_or_default().join(p) };
     !norm(&abs(path)).starts_with(&norm(&abs(root)))
-}
-
-/// The project directory: the enclosing git work tree (a `.git` that is a repository), else the spec's directory. A project
-/// uploaded to the artifact volume has no `.git`; its driver names the root in
-/// `MFLOW_PROJECT_ROOT`.
-pub fn project_root(spec_dir: &Path) -> PathBuf {
-    let abs = std::fs::canonicalize(spec_dir).unwrap_or_else(|_| spec_dir.to_path_buf());
-    if let Some(root) = std::env::var_os("MFLOW_PROJECT_ROOT").map(PathBuf::from) {
-        if abs.starts_with(&root) {
-            return root;
-        }
-    }
-    // Only a `.git` that is a repository marks the root: an empty one in a parent directory
-    // must not widen the project to that parent.
-    mflow_untrusted::git::work_tree(&abs).map(|(root, _)| root).unwrap_or(abs)
 }

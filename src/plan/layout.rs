@@ -23,18 +23,23 @@ pub fn check(spec: &Spec, stages: &[StageSpec]) -> Result<(), SpecErrors> {
     let mut root: Option<Option<Node>> = None;
     let mut errors = Vec::new();
     for st in stages {
-        let (tp, pp) = match st.kind {
-            Kind::Convert | Kind::Train => (size(st, "tp"), Some(size(st, "pp"))),
-            Kind::Evaluate => (size(st, "tp"), None),
-            _ => continue,
+        let (tp, pp) = match (st.typed.writes_shards(), st.typed.reads_shards()) {
+            (Some((tp, pp)), _) => (tp, Some(pp)),
+            // Evaluation reads its tp at full depth.
+            (None, Some((tp, _))) => (tp, None),
+            (None, None) => continue,
         };
         let Some((shape, from)) = model_shape(spec, st, stages) else { continue };
         let mut problems = Vec::new();
         if tp > 0 {
-            let why = [("attention heads", shape.num_attention_heads), ("KV groups (num_key_value_heads)", shape.num_query_groups), ("FFN size", shape.ffn_hidden_size)]
-                .into_iter()
-                .find(|(_, n)| n % tp != 0)
-                .map(|(what, n)| format!("does not divide the model's {n} {what}"));
+            let why = [
+                ("attention heads", shape.num_attention_heads),
+                ("KV groups (num_key_value_heads)", shape.num_query_groups),
+                ("FFN size", shape.ffn_hidden_size),
+            ]
+            .into_iter()
+            .find(|(_, n)| n % tp != 0)
+            .map(|(what, n)| format!("does not divide the model's {n} {what}"));
             if let Some(why) = why {
                 let fits = divisors(&[shape.num_attention_heads, shape.num_query_groups, shape.ffn_hidden_size]);
                 problems.push(("tp", tp, why, format!("{from} splits at tp = {fits}")));
@@ -42,12 +47,21 @@ pub fn check(spec: &Spec, stages: &[StageSpec]) -> Result<(), SpecErrors> {
         }
         if let Some(pp) = pp.filter(|&pp| pp > 0 && shape.num_layers % pp != 0) {
             let fits = divisors(&[shape.num_layers]);
-            problems.push(("pp", pp, format!("does not divide the model's {} layers", shape.num_layers), format!("{from} splits at pp = {fits}")));
+            problems.push((
+                "pp",
+                pp,
+                format!("does not divide the model's {} layers", shape.num_layers),
+                format!("{from} splits at pp = {fits}"),
+            ));
         }
         for (key, value, why, fits) in problems {
             let root = root.get_or_insert_with(|| crate::spec::tree::parse(&spec.source).ok()).as_ref();
             let (span, written) = place(root, st, key);
-            let help = if written { fits } else { format!("{fits}; `{key} = {value}` is not in the file: it comes from --set or the default") };
+            let help = if written {
+                fits
+            } else {
+                format!("{fits}; `{key} = {value}` is not in the file: it comes from --set or the default")
+            };
             errors.push(SpecError::InvalidValue {
                 src: src.clone(),
                 span: to_span(span),
@@ -64,14 +78,11 @@ pub fn check(spec: &Spec, stages: &[StageSpec]) -> Result<(), SpecErrors> {
     }
 }
 
-fn size(st: &StageSpec, key: &str) -> u64 {
-    st.params.get(key).and_then(Json::as_u64).unwrap_or(1)
-}
-
 /// Valid sizes for a layout: the common divisors of `of`, listed up to a readable few.
 fn divisors(of: &[u64]) -> String {
     let max = of.iter().copied().min().unwrap_or(1);
-    let all: Vec<String> = (1..=max.min(4096)).filter(|d| of.iter().all(|n| n % d == 0)).map(|d| d.to_string()).collect();
+    let all: Vec<String> =
+        (1..=max.min(4096)).filter(|d| of.iter().all(|n| n % d == 0)).map(|d| d.to_string()).collect();
     if all.len() > 8 {
         format!("{}, ... {}", all[..7].join(", "), all[all.len() - 1])
     } else {
@@ -91,7 +102,11 @@ fn place(root: Option<&Node>, st: &StageSpec, key: &str) -> (Option<std::ops::Ra
                 Val::Str(s) => s.contains("${") || st.params.get(key) == Some(&Json::String(s.clone())),
                 v => st.params.get(key) == Some(&v.to_json()),
             };
-            if same { (n.span(), true) } else { (at_name, false) }
+            if same {
+                (n.span(), true)
+            } else {
+                (at_name, false)
+            }
         }
         None => (at_name, false),
     }
@@ -103,7 +118,7 @@ fn model_shape(spec: &Spec, st: &StageSpec, all: &[StageSpec]) -> Option<(ModelS
     let mut at = st;
     // Each step goes upstream, and the spec has no cycles; the bound is only a guard.
     for _ in 0..=all.len() {
-        let up = upstream(at, "model", all)?;
+        let up = upstream(at, all)?;
         match up.kind {
             Kind::Model => return model_stage_shape(spec, up),
             Kind::Convert | Kind::Train => at = up,
@@ -114,7 +129,8 @@ fn model_shape(spec: &Spec, st: &StageSpec, all: &[StageSpec]) -> Option<(ModelS
 }
 
 fn model_stage_shape(spec: &Spec, st: &StageSpec) -> Option<(ModelShape, String)> {
-    let source = st.params.get("source").and_then(Json::as_str)?;
+    let crate::stages::Params::Model(m) = &st.typed else { return None };
+    let source = m.source.as_str();
     if let Some(preset) = source.strip_prefix("init:") {
         return mflow_ckpt::preset_shape(preset).map(|s| (s, format!("preset `{preset}` (stage `{}`)", st.name)));
     }
@@ -131,9 +147,13 @@ fn read_config(file: &Path) -> Option<ModelShape> {
     mflow_ckpt::shape::from_hf_config(&file.display().to_string(), &config).ok()
 }
 
-/// The stage whose output a parameter names, when it is exactly `${stages.X.output}`.
-pub(super) fn upstream<'a>(st: &StageSpec, key: &str, all: &'a [StageSpec]) -> Option<&'a StageSpec> {
-    let v = st.params.get(key)?.as_str()?;
+/// The stage whose output a stage's `model` names, when it is exactly `${stages.X.output}`.
+pub(super) fn upstream<'a>(st: &StageSpec, all: &'a [StageSpec]) -> Option<&'a StageSpec> {
+    named_by(st.typed.model()?, all)
+}
+
+/// The stage whose output `v` is, when it is exactly `${stages.X.output}`.
+pub(super) fn named_by<'a>(v: &str, all: &'a [StageSpec]) -> Option<&'a StageSpec> {
     match pieces(v).ok()?.as_slice() {
         [Piece::StageOutput(n)] => all.iter().find(|s| &s.name == n),
         _ => None,

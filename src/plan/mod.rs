@@ -19,7 +19,7 @@ use crate::cache::{Lookup, Store};
 use crate::env::Environment;
 use crate::spec::{Spec, StageSpec};
 use crate::stages::Kind;
-use inputs::{project_root, InputError, InputHasher};
+use inputs::{InputError, InputHasher};
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum PlanError {
@@ -99,29 +99,43 @@ pub fn build_with(spec: Spec, env: &Environment, known: Option<inputs::KnownInpu
     build_inner(spec, env, known, true)
 }
 
-fn build_inner(mut spec: Spec, env: &Environment, known: Option<inputs::KnownInputs>, save: bool) -> Result<Plan, PlanError> {
-    let root = project_root(&spec.dir);
+fn build_inner(
+    mut spec: Spec,
+    env: &Environment,
+    known: Option<inputs::KnownInputs>,
+    save: bool,
+) -> Result<Plan, PlanError> {
+    let root = crate::project::root(&spec.dir);
     // The planned stages own the stage specs from here on (a large spec is not copied).
     let mut stage_specs = std::mem::take(&mut spec.stages);
     layout::check(&spec, &stage_specs)?;
     insert_reshards(&mut stage_specs);
     checks::check(&stage_specs)?;
     let order = topo_order(&stage_specs);
-    let position: BTreeMap<String, usize> = order.iter().enumerate().map(|(pos, &i)| (stage_specs[i].name.clone(), pos)).collect();
+    let position: BTreeMap<String, usize> =
+        order.iter().enumerate().map(|(pos, &i)| (stage_specs[i].name.clone(), pos)).collect();
     // Parameters resolve on one thread while input files are stat-ed (and hashed when new) on
     // two: the inputs of a large DAG are most of the planning.
-    let hasher = InputHasher::open(&spec.workdir(), &spec.dir, known).volume_elsewhere(spec.pipeline.backend == "kubernetes" && crate::remote::needed(&spec));
+    let hasher = InputHasher::open(&spec.workdir(), &spec.dir, known).volume_elsewhere(
+        spec.pipeline.backend == crate::spec::BackendKind::Kubernetes
+            && crate::backend::kubernetes::outside_cluster(&spec),
+    );
     let digest = |&i: &usize| {
         let st = &stage_specs[i];
         let mut patterns = st.inputs.clone();
-        patterns.extend(crate::stages::external_inputs(st, &spec.dir));
+        patterns.extend(st.typed.external_inputs(&spec.dir));
         hasher.digest(&st.name, &root, &patterns)
     };
     let (params, inputs) = std::thread::scope(|s| {
         let params = s.spawn(|| {
             order
                 .iter()
-                .map(|&i| stage_params(&spec, &stage_specs[i], env).map(|(p, engine)| { let canonical = crate::cache::key::canonical(&p); (p, canonical, engine) }))
+                .map(|&i| {
+                    stage_params(&spec, &stage_specs[i], env).map(|(p, engine)| {
+                        let canonical = crate::cache::key::canonical(&p);
+                        (p, canonical, engine)
+                    })
+                })
                 .collect::<Vec<_>>()
         });
         let (early, late) = order.split_at(order.len() / 2);
@@ -153,19 +167,30 @@ fn build_inner(mut spec: Spec, env: &Environment, known: Option<inputs::KnownInp
             salt: st.salt.clone(),
         };
         // Locally, a stage that asks for more GPUs than the machine has could never start.
-        if spec.pipeline.backend != "kubernetes" && st.resources.gpus as usize > env.gpus.len() {
+        if spec.pipeline.backend != crate::spec::BackendKind::Kubernetes && st.resources.gpus as usize > env.gpus.len()
+        {
             return Err(PlanError::Invalid {
                 stage: st.name.clone(),
-                message: format!("asks for {} GPUs (resources.gpus), this machine has {}", st.resources.gpus, env.gpus.len()),
-                help: "lower resources.gpus, or run on a machine (or with --backend kubernetes, a cluster) that has them".into(),
+                message: format!(
+                    "asks for {} GPUs (resources.gpus), this machine has {}",
+                    st.resources.gpus,
+                    env.gpus.len()
+                ),
+                help:
+                    "lower resources.gpus, or run on a machine (or with --backend kubernetes, a cluster) that has them"
+                        .into(),
             });
         }
         let deps = st.needs.iter().map(|n| position[n]).collect();
         let inserted = st.description.as_deref() == Some(RESHARD_NOTE);
         let mut spec_of_stage = owned;
         // A Megatron stage holds its GPUs in the pool, so that two such stages never share one.
-        if parts.params.get("engine").and_then(Json::as_str) == Some("megatron") && spec_of_stage.resources.gpus == 0 && spec.pipeline.backend != "kubernetes" {
-            spec_of_stage.resources.gpus = crate::stages::world_size(spec_of_stage.kind, parts.params.as_object().expect("params are a table")) as u32;
+        if engine.as_ref().is_some_and(|e| e.name == "megatron")
+            && spec_of_stage.kind.is_distributed()
+            && spec_of_stage.resources.gpus == 0
+            && spec.pipeline.backend != crate::spec::BackendKind::Kubernetes
+        {
+            spec_of_stage.resources.gpus = spec_of_stage.typed.world_size() as u32;
         }
         stages.push(PlannedStage { spec: spec_of_stage, deps, parts, canonical_params, inserted, engine });
     }
@@ -178,12 +203,18 @@ pub fn check_layouts(spec: &Spec) -> Result<(), crate::spec::SpecErrors> {
 }
 
 /// A stage's parameters as they enter its key, and its engine.
-fn stage_params(spec: &Spec, st: &StageSpec, env: &Environment) -> Result<(Json, Option<crate::stages::EngineChoice>), PlanError> {
+fn stage_params(
+    spec: &Spec,
+    st: &StageSpec,
+    env: &Environment,
+) -> Result<(Json, Option<crate::stages::EngineChoice>), PlanError> {
     let invalid = |message: String, help: String| PlanError::Invalid { stage: st.name.clone(), message, help };
     let gpus = crate::backend::stage_gpus(spec, st, env);
-    let (mut params, mut engine) = crate::stages::resolve_params(st, gpus).map_err(|(message, help)| invalid(message, help))?;
-    if spec.pipeline.backend == "kubernetes" && matches!(st.kind, Kind::Train | Kind::Evaluate) {
-        // `backend::choose` has already replaced `auto` from the GPUs the stage requests.
+    let (mut params, mut engine) =
+        crate::stages::key_params(st, gpus).map_err(|(message, help)| invalid(message, help))?;
+    if spec.pipeline.backend == crate::spec::BackendKind::Kubernetes && matches!(st.kind, Kind::Train | Kind::Evaluate)
+    {
+        // On a cluster `stage_gpus` counts what the stage requests, not this machine's GPUs.
         if let Some(e) = engine.as_mut() {
             e.reason = format!("kubernetes: resources.gpus x nodes = {gpus}");
         }
@@ -211,45 +242,34 @@ const RESHARD_NOTE: &str = "inserted by mflow: reshard to the layout the next st
 fn insert_reshards(stages: &mut Vec<StageSpec>) {
     let mut added = Vec::new();
     for st in stages.iter() {
-        let Some(want) = st.kind.reads_shards(&st.params) else { continue };
-        let Some(up) = layout::upstream(st, "model", stages) else { continue };
-        match up.kind.writes_shards(&up.params) {
+        let Some(want) = st.typed.reads_shards() else { continue };
+        let Some(up) = layout::upstream(st, stages) else { continue };
+        match up.typed.writes_shards() {
             Some(have) if have != want => added.push((st.name.clone(), up.name.clone(), want, up.retries.clone())),
             _ => {}
         }
     }
     for (consumer, src, (tp, pp), retries) in added {
-        // `<stage>-reshard`, unless the spec already has a stage of that name.
+        // `<stage>-reshard`, unless a stage of the spec has that name or one that is the same
+        // MFLOW_INPUT_<NAME> variable (`evaluate_reshard`): the two outputs would share it.
         let mut name = format!("{consumer}-reshard");
         let mut n = 2;
-        while stages.iter().any(|s| s.name == name) {
+        let taken = |name: &str, stages: &[StageSpec]| {
+            let var = crate::spec::input_var(name);
+            stages.iter().any(|s| crate::spec::input_var(&s.name) == var)
+        };
+        while taken(&name, stages) {
             name = format!("{consumer}-reshard-{n}");
             n += 1;
         }
-        let mut params = serde_json::Map::new();
-        params.insert("model".into(), json!(format!("${{stages.{src}.output}}")));
-        params.insert("tp".into(), json!(tp));
-        params.insert("pp".into(), json!(pp));
-        params.insert("dtype".into(), json!("keep"));
-        let reshard = StageSpec {
-            name: name.clone(),
-            kind: Kind::Convert,
-            params,
-            needs: vec![src.clone()],
-            inputs: vec![],
-            retries,
-            timeout: None,
-            resources: crate::spec::Resources { gpus: 0, cpus: 1.0, cpus_given: false, memory: None },
-            env: BTreeMap::new(),
-            cache: true,
-            salt: String::new(),
-            gates: BTreeMap::new(),
-            nodes: 1,
-            image: None,
-            description: Some(RESHARD_NOTE.into()),
-        };
+        let params = crate::stages::convert::Params::reshard(format!("${{stages.{src}.output}}"), tp, pp);
+        let table = serde_json::to_value(&params).ok().and_then(|v| v.as_object().cloned()).expect("a table");
+        let mut reshard = StageSpec::test_stage(&name, Kind::Convert, table);
+        reshard.needs = vec![src.clone()];
+        reshard.retries = retries;
+        reshard.description = Some(RESHARD_NOTE.into());
         let st = stages.iter_mut().find(|s| s.name == consumer).expect("exists");
-        st.params.insert("model".into(), json!(format!("${{stages.{name}.output}}")));
+        st.set_model(format!("${{stages.{name}.output}}"));
         st.needs.push(name.clone());
         st.needs.sort();
         st.needs.dedup();
@@ -314,7 +334,13 @@ pub struct StageDecision {
 /// The first pass keys every stage as if each entry found in the manifest log checks out,
 /// while those entries are checked on a second thread. The second pass decides in dependency
 /// order and keeps a first-pass key wherever the upstream digests it assumed were found.
-pub fn decide(plan: &Plan, store: &Store, last: &crate::record::LastKeys, force: &[String], verify: bool) -> Vec<StageDecision> {
+pub fn decide(
+    plan: &Plan,
+    store: &Store,
+    last: &crate::record::LastKeys,
+    force: &[String],
+    verify: bool,
+) -> Vec<StageDecision> {
     let n = plan.stages.len();
     let mut first = key_ahead(plan, store, force, verify);
     let mut digests: Vec<Option<String>> = vec![None; n];
@@ -324,12 +350,21 @@ pub fn decide(plan: &Plan, store: &Store, last: &crate::record::LastKeys, force:
         let mut keyed = None;
         let upstream_known = s.deps.iter().all(|&d| digests[d].is_some());
         let decision = if !upstream_known {
-            let up = s.deps.iter().find(|&&d| digests[d].is_none()).map(|&d| plan.stages[d].spec.name.clone()).unwrap_or_default();
+            let up = s
+                .deps
+                .iter()
+                .find(|&&d| digests[d].is_none())
+                .map(|&d| plan.stages[d].spec.name.clone())
+                .unwrap_or_default();
             Decision::Run { key: None, reason: format!("upstream `{up}` runs first") }
         } else {
             // The first pass's key holds when it assumed the digests that were found.
             let (key, parts) = match first[i].take() {
-                Some((key, parts)) if s.deps.iter().all(|&d| parts.upstream.get(&plan.stages[d].spec.name) == digests[d].as_ref()) => (key, parts),
+                Some((key, parts))
+                    if s.deps.iter().all(|&d| parts.upstream.get(&plan.stages[d].spec.name) == digests[d].as_ref()) =>
+                {
+                    (key, parts)
+                }
                 _ => {
                     let parts = plan.parts_with(i, &|d| digests[d].clone()).expect("upstream digests known");
                     (plan.key(i, &parts), parts)
@@ -348,7 +383,7 @@ pub fn decide(plan: &Plan, store: &Store, last: &crate::record::LastKeys, force:
                         Decision::Cached { key: key.clone() }
                     }
                     Lookup::Corrupt(why) => run(format!("cache entry was corrupt ({why})")),
-                    Lookup::Miss => match crate::exec::resume_point(&plan.spec.workdir(), &key) {
+                    Lookup::Miss => match plan.spec.workdir().resume_point(&key) {
                         Some(iteration) => Decision::Resume { key: key.clone(), iteration },
                         None => run(reason(last.get(name), &parts)),
                     },
@@ -357,7 +392,14 @@ pub fn decide(plan: &Plan, store: &Store, last: &crate::record::LastKeys, force:
             keyed = Some((key, parts));
             decision
         };
-        out.push(StageDecision { stage: name.clone(), kind: s.spec.kind.name().into(), needs: s.spec.needs.clone(), decision, engine: s.engine.clone(), keyed });
+        out.push(StageDecision {
+            stage: name.clone(),
+            kind: s.spec.kind.name().into(),
+            needs: s.spec.needs.clone(),
+            decision,
+            engine: s.engine.clone(),
+            keyed,
+        });
     }
     out
 }
@@ -385,7 +427,9 @@ fn key_ahead(plan: &Plan, store: &Store, force: &[String], verify: bool) -> Vec<
         let mut batch = Vec::with_capacity(BATCH);
         for i in 0..plan.stages.len() {
             let k = plan.parts_with(i, &|d| assumed[d].clone()).map(|parts| (plan.key(i, &parts), parts));
-            if let Some((key, m)) = k.as_ref().filter(|_| cacheable(i)).and_then(|(key, _)| Some((key, store.manifest(key)?))) {
+            if let Some((key, m)) =
+                k.as_ref().filter(|_| cacheable(i)).and_then(|(key, _)| Some((key, store.manifest(key)?)))
+            {
                 assumed[i] = Some(m.digest.clone());
                 // `--verify` rehashes every entry when deciding instead.
                 if !verify {
@@ -408,8 +452,12 @@ fn reason(last: Option<&KeyParts>, now: &KeyParts) -> String {
     match last {
         None => "never ran".into(),
         Some(old) => {
-            let d = now.diff(old);
-            if d.is_empty() { "no cache entry (removed or never committed)".into() } else { d.join("; ") }
+            let d = crate::cache::key::diff(now, old);
+            if d.is_empty() {
+                "no cache entry (removed or never committed)".into()
+            } else {
+                d.join("; ")
+            }
         }
     }
 }

@@ -6,7 +6,8 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use super::{runs_dir, write_atomic, write_json, Lockfile};
+use super::{write_atomic, write_json, Lockfile};
+use crate::workdir::Workdir;
 
 /// Bumped when what `identity` covers changes.
 const FORMAT: &[u8] = b"mflow-lock-identity-1";
@@ -14,19 +15,29 @@ const FORMAT: &[u8] = b"mflow-lock-identity-1";
 /// Writes `lock` as the lockfile of run `run`, or links the last lockfile written in this
 /// workdir when it has the same identity and is the file that was written (not replaced or
 /// edited since).
-pub fn write(lock: &Lockfile, workdir: &Path, run: &str) -> std::io::Result<()> {
+pub fn write(lock: &Lockfile, workdir: &Workdir, run: &str) -> std::io::Result<()> {
     write_linked(workdir, run, "mflow.lock", "lock.last", identity(lock), |path| write_json(path, lock))
 }
 
 /// Writes the record file `name` of run `run` with `write`, or links the last one written in
 /// this workdir (remembered in `state/<last>`) when its `identity` (a digest of everything that
 /// decides the file's bytes) is the same and the file is still the one that was written.
-pub fn write_linked(workdir: &Path, run: &str, name: &str, last: &str, identity: Option<String>, write: impl FnOnce(&Path) -> std::io::Result<()>) -> std::io::Result<()> {
-    let path = runs_dir(workdir).join(run).join(name);
-    let last_file = workdir.join("state").join(last);
+pub fn write_linked(
+    workdir: &Workdir,
+    run: &str,
+    name: &str,
+    last: &str,
+    identity: Option<String>,
+    write: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let path = workdir.run(run).join(name);
+    let last_file = workdir.state_file(last);
     if let Some(last) = Last::read(&last_file) {
-        let last_path = runs_dir(workdir).join(&last.run).join(name);
-        if identity.as_deref() == Some(last.identity.as_str()) && file_stamp(&last_path).as_deref() == Some(last.stamp.as_str()) && std::fs::hard_link(&last_path, &path).is_ok() {
+        let last_path = workdir.run(&last.run).join(name);
+        if identity.as_deref() == Some(last.identity.as_str())
+            && file_stamp(&last_path).as_deref() == Some(last.stamp.as_str())
+            && std::fs::hard_link(&last_path, &path).is_ok()
+        {
             return Ok(());
         }
     }
@@ -34,7 +45,7 @@ pub fn write_linked(workdir: &Path, run: &str, name: &str, last: &str, identity:
     // Remembered only when the identity is known; a failure here costs the next run a write.
     if let (Some(identity), Some(stamp)) = (identity, file_stamp(&path)) {
         let line = format!("{identity} {stamp} {run}\n");
-        let _ = std::fs::create_dir_all(workdir.join("state")).and_then(|()| write_atomic(&last_file, line.as_bytes()));
+        let _ = std::fs::create_dir_all(workdir.state()).and_then(|()| write_atomic(&last_file, line.as_bytes()));
     }
     Ok(())
 }
@@ -50,11 +61,6 @@ pub fn spec_identity(source: &str) -> String {
 fn file_stamp(path: &Path) -> Option<String> {
     let m = std::fs::metadata(path).ok()?;
     Some(format!("{}:{}:{}.{}", m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
-}
-
-#[cfg(test)]
-fn lock_path(workdir: &Path, run: &str) -> std::path::PathBuf {
-    runs_dir(workdir).join(run).join("mflow.lock")
 }
 
 /// The last lockfile written: its identity, its stamp and its run.
@@ -84,10 +90,22 @@ impl Last {
 fn identity(lock: &Lockfile) -> Option<String> {
     let mut h = crate::cache::key::PartsHasher::default();
     h.part(FORMAT).part(crate::env::binary_identity()?);
-    let header = (lock.version, &lock.mflow_version, &lock.pipeline, &lock.spec, &lock.spec_digest, &lock.git_commit, &lock.overrides, &lock.environment);
+    let header = (
+        lock.version,
+        &lock.mflow_version,
+        &lock.pipeline,
+        &lock.spec,
+        &lock.spec_digest,
+        &lock.git_commit,
+        &lock.overrides,
+        &lock.environment,
+    );
     h.part(&serde_json::to_vec(&header).expect("a lockfile header serializes"));
     for (name, s) in &lock.stages {
-        h.part(name.as_bytes()).part(s.kind.as_bytes()).part(s.key.as_bytes()).part(s.output_digest.as_deref().unwrap_or("-").as_bytes());
+        h.part(name.as_bytes())
+            .part(s.kind.as_bytes())
+            .part(s.key.as_bytes())
+            .part(s.output_digest.as_deref().unwrap_or("-").as_bytes());
     }
     Some(h.hex())
 }
@@ -112,7 +130,12 @@ mod tests {
             environment: String::new(),
             salt: salt.into(),
         };
-        let stage = LockedStage { kind: "command".into(), key: parts.key(), parts, output_digest: digest.map(str::to_string) };
+        let stage = LockedStage {
+            kind: "command".into(),
+            key: parts.key(),
+            parts: std::sync::Arc::new(parts),
+            output_digest: digest.map(str::to_string),
+        };
         Lockfile {
             version: 1,
             mflow_version: "0".into(),
@@ -128,9 +151,10 @@ mod tests {
 
     /// Writes `lock` as run `id`'s lockfile; returns its path.
     fn write_run(work: &Path, id: &str, lock: &Lockfile) -> std::path::PathBuf {
-        std::fs::create_dir_all(work.join("runs").join(id)).unwrap();
-        write(lock, work, id).unwrap();
-        lock_path(work, id)
+        let work = Workdir::new(work);
+        std::fs::create_dir_all(work.run(id)).unwrap();
+        write(lock, &work, id).unwrap();
+        work.run(id).join("mflow.lock")
     }
 
     #[test]
@@ -138,9 +162,11 @@ mod tests {
         let work = tempfile::tempdir().unwrap();
         let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
         let copy = |id: &str, text: &str| {
-            std::fs::create_dir_all(work.path().join("runs").join(id)).unwrap();
-            write_linked(work.path(), id, "spec.toml", "spec.last", Some(spec_identity(text)), |p| std::fs::write(p, text)).unwrap();
-            work.path().join("runs").join(id).join("spec.toml")
+            let w = Workdir::new(work.path());
+            std::fs::create_dir_all(w.run(id)).unwrap();
+            write_linked(&w, id, "spec.toml", "spec.last", Some(spec_identity(text)), |p| std::fs::write(p, text))
+                .unwrap();
+            w.run(id).join("spec.toml")
         };
         let one = copy("1", "a = 1\n");
         let two = copy("2", "a = 1\n");
@@ -178,7 +204,11 @@ mod tests {
         let two = write_run(work.path(), "2", &lock("", Some("d")));
         let text = std::fs::read_to_string(&two).unwrap();
         let mut expected = Vec::new();
-        serde::Serialize::serialize(&lock("", Some("d")), &mut serde_json::Serializer::with_formatter(&mut expected, super::super::lines::Lines::default())).unwrap();
+        serde::Serialize::serialize(
+            &lock("", Some("d")),
+            &mut serde_json::Serializer::with_formatter(&mut expected, super::super::lines::Lines::default()),
+        )
+        .unwrap();
         assert_eq!(text.as_bytes(), expected.as_slice());
     }
 

@@ -4,128 +4,22 @@
 
 mod lines;
 pub mod lock;
+pub mod start;
+pub mod writer;
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value as Json;
+use serde::Serialize;
 
 use crate::cache::key::KeyParts;
-use crate::exec::gates::GateResult;
+use crate::workdir::Workdir;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StageStatus {
-    Pending,
-    Running,
-    Cached,
-    Succeeded,
-    Failed,
-    Skipped,
-    Cancelled,
-    /// mflow was interrupted (SIGTERM, SIGHUP) while the stage ran on a cluster; its TrainJob
-    /// was left running and the next run reattaches to it.
-    Interrupted,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RunStatus {
-    Running,
-    Succeeded,
-    Failed,
-    Cancelled,
-    /// Stopped by SIGTERM or SIGHUP: cluster work was left running for the next run.
-    Interrupted,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Attempt {
-    pub n: u32,
-    pub started: String,
-    pub finished: Option<String>,
-    pub duration_s: Option<f64>,
-    /// "success" or a failure class.
-    pub outcome: Option<String>,
-    pub message: Option<String>,
-    pub log: String,
-    pub resumed_from: Option<u64>,
-    pub checkpoint_iteration: Option<u64>,
-}
-
-/// What is not known (yet) is left out of run.json rather than written as null: a record of a
-/// large run is mostly stages that never started.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StageRecord {
-    pub kind: String,
-    pub status: StageStatus,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_digest: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub duration_s: Option<f64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub attempts: Vec<Attempt>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub gates: Vec<GateResult>,
-    /// Selected contents of the stage's metrics.json / verification.json.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metrics: Option<Json>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub verification: Option<Json>,
-    /// The engine of a train or evaluate stage (an export's verification) and why it was
-    /// chosen; for a cached stage, the engine its key names.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine: Option<crate::stages::EngineChoice>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RunRecord {
-    pub id: String,
-    pub pipeline: String,
-    pub spec: String,
-    pub started: String,
-    pub finished: Option<String>,
-    pub status: RunStatus,
-    pub exit_code: Option<i32>,
-    pub mflow_version: String,
-    pub stages: BTreeMap<String, StageRecord>,
-    /// Stage order as planned.
-    pub order: Vec<String>,
-}
-
-/// Per stage in the lockfile.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LockedStage {
-    pub kind: String,
-    pub key: String,
-    pub parts: KeyParts,
-    pub output_digest: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Lockfile {
-    pub version: u32,
-    pub mflow_version: String,
-    pub pipeline: String,
-    pub spec: String,
-    pub spec_digest: String,
-    pub git_commit: Option<String>,
-    pub overrides: Vec<String>,
-    pub environment: BTreeMap<String, String>,
-    pub stages: BTreeMap<String, LockedStage>,
-}
+pub use mflow_contract::lock::{LockedStage, Lockfile};
+pub use mflow_contract::record::{
+    Attempt, AttemptOutcome, EngineChoice, GateResult, RunRecord, RunStatus, StageRecord, StageStatus,
+};
 
 pub fn now() -> String {
     jiff::Timestamp::now().round(jiff::Unit::Millisecond).unwrap_or(jiff::Timestamp::now()).to_string()
@@ -140,19 +34,21 @@ pub fn new_run_id() -> String {
 
 /// The id of a new run in `workdir`: `MFLOW_RUN_ID` when a driver started from outside the
 /// cluster names it (`<id>.2`, `<id>.3`, ... when the driver restarted), else a fresh one.
-pub fn run_id_for(workdir: &Path) -> String {
+pub fn run_id_for(workdir: &Workdir) -> String {
     let given = std::env::var("MFLOW_RUN_ID").ok().filter(|id| is_run_id(id));
     let Some(id) = given else { return new_run_id() };
-    let runs = runs_dir(workdir);
-    if !runs.join(&id).exists() {
+    if !workdir.run(&id).exists() {
         return id;
     }
-    (2..).map(|n| format!("{id}.{n}")).find(|c| !runs.join(c).exists()).expect("a free restart number")
+    (2..).map(|n| format!("{id}.{n}")).find(|c| !workdir.run(c).exists()).expect("a free restart number")
 }
 
 /// Ids name directories and label values: ASCII letters, digits, `-` and `.`, at most 48.
 pub fn is_run_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 48 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') && !id.starts_with('.')
+    !id.is_empty()
+        && id.len() <= 48
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        && !id.starts_with('.')
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename. Readers see the old or the
@@ -165,10 +61,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Streams `v` as JSON to `path` (atomically, as `write_atomic`) without building it in memory
 /// first: a record of a large run is megabytes.
 pub fn write_json<T: Serialize>(path: &Path, v: &T) -> std::io::Result<()> {
-    write_with(path, |w| v.serialize(&mut serde_json::Serializer::with_formatter(w, lines::Lines::default())).map_err(std::io::Error::other))
+    write_with(path, |w| {
+        v.serialize(&mut serde_json::Serializer::with_formatter(w, lines::Lines::default()))
+            .map_err(std::io::Error::other)
+    })
 }
 
-fn write_with(path: &Path, write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>) -> std::io::Result<()> {
+fn write_with(
+    path: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp{}", fastrand::u32(..)));
     let mut w = std::io::BufWriter::with_capacity(64 << 10, std::fs::File::create(&tmp)?);
     let written = write(&mut w).and_then(|()| w.flush());
@@ -183,13 +85,9 @@ fn write_with(path: &Path, write: impl FnOnce(&mut std::io::BufWriter<std::fs::F
     }
 }
 
-pub fn runs_dir(workdir: &Path) -> PathBuf {
-    workdir.join("runs")
-}
-
 /// Run ids, oldest first.
-pub fn list(workdir: &Path) -> Vec<String> {
-    let mut ids: Vec<String> = std::fs::read_dir(runs_dir(workdir))
+pub fn list(workdir: &Workdir) -> Vec<String> {
+    let mut ids: Vec<String> = std::fs::read_dir(workdir.runs())
         .into_iter()
         .flatten()
         .flatten()
@@ -200,27 +98,31 @@ pub fn list(workdir: &Path) -> Vec<String> {
     ids
 }
 
-pub fn load(workdir: &Path, id: &str) -> Option<RunRecord> {
+pub fn load(workdir: &Workdir, id: &str) -> Option<RunRecord> {
     if !crate::spec::valid_name(&format!("r{id}")) {
         return None;
     }
-    let bytes = crate::cache::read_regular(&runs_dir(workdir).join(id).join("run.json"), crate::cache::MAX_STATE_BYTES).ok()?;
-    serde_json::from_slice(&bytes).ok()
+    let bytes = crate::cache::read_regular(&workdir.run(id).join("run.json"), crate::cache::MAX_STATE_BYTES).ok()?;
+    serde_json::from_slice::<RunRecord>(&bytes).ok().map(RunRecord::upgraded)
 }
 
-pub fn load_lock(workdir: &Path, id: &str) -> Option<Lockfile> {
-    let bytes = crate::cache::read_regular(&runs_dir(workdir).join(id).join("mflow.lock"), crate::cache::MAX_STATE_BYTES).ok()?;
+pub fn load_lock(workdir: &Workdir, id: &str) -> Option<Lockfile> {
+    let bytes = crate::cache::read_regular(&workdir.run(id).join("mflow.lock"), crate::cache::MAX_STATE_BYTES).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
 /// Resolves "latest" or a unique prefix to a run id.
-pub fn resolve(workdir: &Path, id: Option<&str>) -> Option<String> {
+pub fn resolve(workdir: &Workdir, id: Option<&str>) -> Option<String> {
     let ids = list(workdir);
     match id {
         None | Some("latest") => ids.last().cloned(),
         Some(p) => {
             let m: Vec<&String> = ids.iter().filter(|i| i.starts_with(p)).collect();
-            if m.len() == 1 { Some(m[0].clone()) } else { ids.iter().find(|i| *i == p).cloned() }
+            if m.len() == 1 {
+                Some(m[0].clone())
+            } else {
+                ids.iter().find(|i| *i == p).cloned()
+            }
         }
     }
 }
@@ -234,8 +136,8 @@ pub struct LastKeys {
 }
 
 impl LastKeys {
-    pub fn open(workdir: &Path) -> LastKeys {
-        LastKeys { dir: workdir.join("state"), parts: std::sync::OnceLock::new() }
+    pub fn open(workdir: &Workdir) -> LastKeys {
+        LastKeys { dir: workdir.state(), parts: std::sync::OnceLock::new() }
     }
 
     pub fn get(&self, stage: &str) -> Option<&KeyParts> {
@@ -248,8 +150,11 @@ impl LastKeys {
 
     /// Merges this run's keys (stage -> key and parts) into the saved ones, unless every stage
     /// kept its key: a no-op rerun writes nothing here.
-    pub fn save(self, keys: &BTreeMap<String, (String, KeyParts)>) {
-        let index = crate::cache::read_regular(&self.dir.join("keys.index"), crate::cache::MAX_STATE_BYTES).ok().and_then(|b| String::from_utf8(b).ok()).unwrap_or_default();
+    pub fn save(self, keys: &BTreeMap<String, (String, std::sync::Arc<KeyParts>)>) {
+        let index = crate::cache::read_regular(&self.dir.join("keys.index"), crate::cache::MAX_STATE_BYTES)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .unwrap_or_default();
         let saved: std::collections::HashMap<&str, &str> = index.lines().filter_map(|l| l.split_once(' ')).collect();
         if keys.iter().all(|(name, (key, _))| saved.get(name.as_str()) == Some(&key.as_str())) {
             return;
@@ -257,7 +162,7 @@ impl LastKeys {
         let LastKeys { dir, parts } = self;
         let mut all = parts.into_inner().unwrap_or_else(|| load_keys(&dir));
         for (name, (_, parts)) in keys {
-            all.insert(name.clone(), parts.clone());
+            all.insert(name.clone(), KeyParts::clone(parts));
         }
         let _ = std::fs::create_dir_all(&dir);
         // keys.json first: an index older than it only causes one more merge.
@@ -269,7 +174,10 @@ impl LastKeys {
 }
 
 fn load_keys(dir: &Path) -> BTreeMap<String, KeyParts> {
-    crate::cache::read_regular(&dir.join("keys.json"), crate::cache::MAX_STATE_BYTES).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    crate::cache::read_regular(&dir.join("keys.json"), crate::cache::MAX_STATE_BYTES)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
 }
 
 /// The commit of the git repository holding `dir`, if any (read from .git without running git;
@@ -295,41 +203,44 @@ mod tests {
         }
     }
 
-    fn keyed(stages: &[(&str, &str)]) -> BTreeMap<String, (String, KeyParts)> {
-        stages.iter().map(|(name, salt)| (name.to_string(), (parts(salt).key(), parts(salt)))).collect()
+    fn keyed(stages: &[(&str, &str)]) -> BTreeMap<String, (String, std::sync::Arc<KeyParts>)> {
+        stages
+            .iter()
+            .map(|(name, salt)| (name.to_string(), (parts(salt).key(), std::sync::Arc::new(parts(salt)))))
+            .collect()
     }
 
     #[test]
     fn last_keys_are_merged_and_a_run_with_the_same_keys_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let keys_json = dir.path().join("state").join("keys.json");
-        LastKeys::open(dir.path()).save(&keyed(&[("a", ""), ("b", "")]));
-        assert_eq!(LastKeys::open(dir.path()).get("a"), Some(&parts("")));
+        let keys_json = Workdir::new(dir.path()).state_file("keys.json");
+        LastKeys::open(&Workdir::new(dir.path())).save(&keyed(&[("a", ""), ("b", "")]));
+        assert_eq!(LastKeys::open(&Workdir::new(dir.path())).get("a"), Some(&parts("")));
 
         // Same keys: keys.json is not read or written (removing it proves the second).
         std::fs::remove_file(&keys_json).unwrap();
-        LastKeys::open(dir.path()).save(&keyed(&[("a", "")]));
+        LastKeys::open(&Workdir::new(dir.path())).save(&keyed(&[("a", "")]));
         assert!(!keys_json.exists());
 
         // A changed key is merged with the stages this run did not touch.
-        LastKeys::open(dir.path()).save(&keyed(&[("a", "")]));
-        LastKeys::open(dir.path()).save(&keyed(&[("a", "x")]));
-        let last = LastKeys::open(dir.path());
+        LastKeys::open(&Workdir::new(dir.path())).save(&keyed(&[("a", "")]));
+        LastKeys::open(&Workdir::new(dir.path())).save(&keyed(&[("a", "x")]));
+        let last = LastKeys::open(&Workdir::new(dir.path()));
         assert_eq!(last.get("a"), Some(&parts("x")));
         assert_eq!(last.get("b"), None, "b was lost with the removed keys.json, and not invented");
-        let index = std::fs::read_to_string(dir.path().join("state").join("keys.index")).unwrap();
+        let index = std::fs::read_to_string(Workdir::new(dir.path()).state_file("keys.index")).unwrap();
         assert_eq!(index, format!("a {}\n", parts("x").key()));
     }
 
     #[test]
     fn a_missing_index_merges_again() {
         let dir = tempfile::tempdir().unwrap();
-        LastKeys::open(dir.path()).save(&keyed(&[("a", ""), ("b", "")]));
-        std::fs::remove_file(dir.path().join("state").join("keys.index")).unwrap();
-        LastKeys::open(dir.path()).save(&keyed(&[("a", "")]));
-        let index = std::fs::read_to_string(dir.path().join("state").join("keys.index")).unwrap();
+        LastKeys::open(&Workdir::new(dir.path())).save(&keyed(&[("a", ""), ("b", "")]));
+        std::fs::remove_file(Workdir::new(dir.path()).state_file("keys.index")).unwrap();
+        LastKeys::open(&Workdir::new(dir.path())).save(&keyed(&[("a", "")]));
+        let index = std::fs::read_to_string(Workdir::new(dir.path()).state_file("keys.index")).unwrap();
         assert_eq!(index.lines().count(), 2);
-        assert_eq!(LastKeys::open(dir.path()).get("b"), Some(&parts("")));
+        assert_eq!(LastKeys::open(&Workdir::new(dir.path())).get("b"), Some(&parts("")));
     }
 
     #[test]

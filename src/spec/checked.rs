@@ -61,7 +61,14 @@ fn decode(bytes: &[u8], key: &str) -> Option<Spec> {
     let body = bytes.strip_prefix(key.as_bytes())?.strip_prefix(b"\n")?;
     // Checked once as a whole, so that serde_json need not check every string it reads.
     let body = std::str::from_utf8(body).ok()?;
-    serde_json::from_str(body).map_err(|e| tracing::debug!(error = %e, "checked spec unreadable; parsing the spec")).ok()
+    let mut spec: Spec = serde_json::from_str(body)
+        .map_err(|e| tracing::debug!(error = %e, "checked spec unreadable; parsing the spec"))
+        .ok()?;
+    // The typed parameters are not stored: they follow from the checked ones.
+    for st in &mut spec.stages {
+        st.typed = crate::stages::Params::of(st.kind, &st.params).ok()?;
+    }
+    Some(spec)
 }
 
 fn try_write(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -83,10 +90,8 @@ fn try_write(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Keeps the newest `MAX_FILES` checked specs: every spec ever run leaves one.
 fn prune(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
-        .flatten()
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .collect();
+    let mut files: Vec<(std::time::SystemTime, PathBuf)> =
+        entries.flatten().filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path()))).collect();
     if files.len() <= MAX_FILES {
         return;
     }
@@ -112,8 +117,14 @@ mod tests {
             }
             let text = std::fs::read_to_string(&file).unwrap();
             let spec = super::super::parse(&file, &text, &[]).unwrap_or_else(|e| panic!("{}: {e:?}", file.display()));
-            let back = decode(&encode("k", &spec), "k").unwrap_or_else(|| panic!("{} did not read back", file.display()));
-            assert_eq!(format!("{:?}", Spec { source: spec.source.clone(), ..back }), format!("{spec:?}"), "{}", file.display());
+            let back =
+                decode(&encode("k", &spec), "k").unwrap_or_else(|| panic!("{} did not read back", file.display()));
+            assert_eq!(
+                format!("{:?}", Spec { source: spec.source.clone(), ..back }),
+                format!("{spec:?}"),
+                "{}",
+                file.display()
+            );
             seen += 1;
         }
         assert!(seen >= 5, "only {seen} specs found");

@@ -126,7 +126,10 @@ pub enum SpecError {
     },
 
     #[error("the stages form a cycle: {cycle}")]
-    #[diagnostic(code(mflow::spec::cycle), help("a stage cannot depend on itself, directly or through others: remove one of these edges"))]
+    #[diagnostic(
+        code(mflow::spec::cycle),
+        help("a stage cannot depend on itself, directly or through others: remove one of these edges")
+    )]
     Cycle {
         #[source_code]
         src: Src,
@@ -145,8 +148,13 @@ pub enum SpecError {
         name: String,
     },
 
-    #[error("stages `{first}` and `{second}` both become MFLOW_INPUT_{var} in the environment of the stages that need them")]
-    #[diagnostic(code(mflow::spec::stage_name_clash), help("rename one of them: `-` and `_` are the same in environment variable names, and case does not count"))]
+    #[error(
+        "stages `{first}` and `{second}` both become MFLOW_INPUT_{var} in the environment of the stages that need them"
+    )]
+    #[diagnostic(
+        code(mflow::spec::stage_name_clash),
+        help("rename one of them: `-` and `_` are the same in environment variable names, and case does not count")
+    )]
     StageNameClash {
         #[source_code]
         src: Src,
@@ -196,7 +204,9 @@ pub struct SpecErrors {
 impl SpecErrors {
     /// The errors of the spec at `path`, each with its quotes bounded.
     pub fn new(path: &std::path::Path, errors: Vec<SpecError>) -> Self {
-        SpecErrors { path: path.display().to_string(), errors: errors.into_iter().map(SpecError::bounded).collect() }
+        let mut views = Vec::new();
+        let errors = errors.into_iter().map(|e| e.bounded().shown(&mut views)).collect();
+        SpecErrors { path: path.display().to_string(), errors }
     }
 }
 
@@ -234,14 +244,64 @@ impl SpecError {
     }
 }
 
+impl SpecError {
+    /// The error as its diagnostic quotes the spec: from a view whose long lines are cut
+    /// (`view`), its labels moved to match; one view per spec text (`views`).
+    fn shown(mut self, views: &mut Vec<(Arc<str>, super::view::View)>) -> Self {
+        let (src, spans, edges): (Option<&mut Src>, Vec<&mut Option<SourceSpan>>, Option<&mut Vec<LabeledSpan>>) =
+            match &mut self {
+                SpecError::Io { .. } | SpecError::Override { .. } => (None, vec![], None),
+                SpecError::NoStages { src } => (Some(src), vec![], None),
+                SpecError::Cycle { src, edges, .. } => (Some(src), vec![], Some(edges)),
+                SpecError::StageNameClash { src, first_span, second_span, .. } => {
+                    (Some(src), vec![first_span, second_span], None)
+                }
+                SpecError::Syntax { src, span, .. }
+                | SpecError::UnknownKey { src, span, .. }
+                | SpecError::WrongType { src, span, .. }
+                | SpecError::MissingKey { src, span, .. }
+                | SpecError::InvalidValue { src, span, .. }
+                | SpecError::UnknownKind { src, span, .. }
+                | SpecError::UnknownStage { src, span, .. }
+                | SpecError::UnknownVar { src, span, .. }
+                | SpecError::Interpolation { src, span, .. }
+                | SpecError::StageName { src, span, .. }
+                | SpecError::Workdir { src, span, .. } => (Some(src), vec![span], None),
+            };
+        let Some(src) = src else { return self };
+        let text = src.inner().clone();
+        let i = match views.iter().position(|(t, _)| Arc::ptr_eq(t, &text)) {
+            Some(i) => i,
+            None => {
+                views.push((text.clone(), super::view::View::of(&text)));
+                views.len() - 1
+            }
+        };
+        let view = &views[i].1;
+        let Some(shown) = view.text() else { return self };
+        for span in spans.into_iter().flatten() {
+            *span = view.span(*span);
+        }
+        for edge in edges.into_iter().flatten() {
+            *edge = view.label(edge);
+        }
+        *src = NamedSource::new(src.name(), shown.clone());
+        self
+    }
+}
+
 /// Longest text one field of a message quotes: enough for a sentence of reasons or a list of
 /// twenty keys.
-const MAX_QUOTE: usize = 600;
+pub const MAX_QUOTE: usize = 600;
 /// Most edges a cycle's diagnostic labels.
 const MAX_LABELS: usize = 32;
 
 fn count(n: usize) -> String {
-    if n == 1 { "1 problem".into() } else { format!("{n} problems") }
+    if n == 1 {
+        "1 problem".into()
+    } else {
+        format!("{n} problems")
+    }
 }
 
 pub fn to_span(r: Option<std::ops::Range<usize>>) -> Option<SourceSpan> {
@@ -272,10 +332,20 @@ pub fn excerpt(text: &str) -> String {
     excerpt_of(text, 120)
 }
 
-fn excerpt_of(text: &str, max: usize) -> String {
+/// At most `max` characters of `text`, then its size.
+pub fn excerpt_of(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         None => text.to_string(),
         Some((end, _)) => format!("{}… ({} bytes)", &text[..end], text.len()),
+    }
+}
+
+/// ` (70 characters; at most 63)` for a name over the limit of names in a spec.
+pub fn length_note(name: &str) -> String {
+    if name.len() > 63 {
+        format!(" ({} characters; at most 63)", name.len())
+    } else {
+        String::new()
     }
 }
 
@@ -308,7 +378,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spec.toml");
         let long = "k".repeat(5000);
-        let many: String = (0..3000).map(|i| format!("[stages.s{i}]\nkind = \"command\"\nrun = [\"true\"]\n")).collect();
+        let many: String =
+            (0..3000).map(|i| format!("[stages.s{i}]\nkind = \"command\"\nrun = [\"true\"]\n")).collect();
         let head = "[pipeline]\nname = \"p\"\n";
         let specs = [
             format!("{head}[stages.a]\nkind = \"{long}\"\n"),
@@ -327,14 +398,5 @@ mod tests {
                 assert!(help.len() < 1500, "help of {} bytes: {}", help.len(), super::excerpt(&help));
             }
         }
-    }
-}
-
-/// ` (70 characters; at most 63)` for a name over the limit of names in a spec.
-pub fn length_note(name: &str) -> String {
-    if name.len() > 63 {
-        format!(" ({} characters; at most 63)", name.len())
-    } else {
-        String::new()
     }
 }

@@ -1,5 +1,11 @@
 //! `${vars.NAME}` and `${stages.NAME.output}` references inside string values.
 
+use std::collections::BTreeMap;
+
+use super::error::{did_you_mean, to_span, SpecError, Src};
+use super::schema::invalid;
+use super::tree::{Node, Val};
+
 /// One piece of an interpolated string.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
@@ -92,6 +98,101 @@ pub fn substitute_outputs(v: &serde_json::Value, resolve: &dyn Fn(&str) -> Strin
         J::Array(a) => J::Array(a.iter().map(|x| substitute_outputs(x, resolve)).collect()),
         J::Object(m) => J::Object(m.iter().map(|(k, x)| (k.clone(), substitute_outputs(x, resolve))).collect()),
         _ => v.clone(),
+    }
+}
+
+/// Replaces `${vars.X}` in every string of a stage table. A string that is exactly one
+/// reference takes the variable's type; otherwise the variable is formatted into the text.
+pub(super) fn interpolate_vars(src: &Src, node: &mut Node, vars: &BTreeMap<String, Node>, errors: &mut Vec<SpecError>) {
+    match &mut node.value {
+        Val::Str(s) if has_refs(s) => {
+            let ps = match pieces(s) {
+                Ok(ps) => ps,
+                Err(text) => {
+                    errors.push(SpecError::Interpolation { src: src.clone(), span: to_span(node.origin.span()), text });
+                    return;
+                }
+            };
+            if !ps.iter().any(|p| matches!(p, Piece::Var(_))) {
+                return;
+            }
+            let lookup = |name: &str, errors: &mut Vec<SpecError>| -> Option<Node> {
+                let found = vars.get(name).cloned();
+                if found.is_none() {
+                    let names: Vec<&str> = vars.keys().map(String::as_str).collect();
+                    errors.push(SpecError::UnknownVar {
+                        src: src.clone(),
+                        span: to_span(node.origin.span()),
+                        name: name.to_string(),
+                        help: did_you_mean(name, &names, "variables"),
+                    });
+                }
+                found
+            };
+            if let [Piece::Var(name)] = ps.as_slice() {
+                if let Some(v) = lookup(name, errors) {
+                    node.value = v.value;
+                }
+                return;
+            }
+            let mut out = String::new();
+            for p in ps {
+                match p {
+                    Piece::Text(t) => out.push_str(&t),
+                    Piece::StageOutput(n) => out.push_str(&format!("${{stages.{n}.output}}")),
+                    Piece::Var(name) => match lookup(&name, errors).map(|n| n.value) {
+                        Some(Val::Str(s)) => out.push_str(&s),
+                        Some(v @ (Val::Int(_) | Val::Float(_) | Val::Bool(_))) => {
+                            out.push_str(&v.to_json().to_string())
+                        }
+                        Some(_) => errors.push(invalid(
+                            src,
+                            node,
+                            &format!("vars.{name}"),
+                            "only scalars can be formatted into text",
+                            "use the variable as the whole value",
+                        )),
+                        None => {}
+                    },
+                }
+            }
+            node.value = Val::Str(out);
+        }
+        Val::Array(items) => items.iter_mut().for_each(|n| interpolate_vars(src, n, vars, errors)),
+        Val::Table(t) => t.iter_mut().for_each(|(_, n)| interpolate_vars(src, n, vars, errors)),
+        _ => {}
+    }
+}
+
+pub(super) fn collect_stage_refs(
+    src: &Src,
+    stage: &str,
+    node: &Node,
+    names: &[&str],
+    edges: &mut Vec<(String, String, Option<std::ops::Range<usize>>)>,
+    errors: &mut Vec<SpecError>,
+) {
+    match &node.value {
+        Val::Str(s) if has_refs(s) => {
+            for p in pieces(s).unwrap_or_default() {
+                if let Piece::StageOutput(n) = p {
+                    if names.contains(&n.as_str()) {
+                        edges.push((stage.to_string(), n, node.span()));
+                    } else {
+                        errors.push(SpecError::UnknownStage {
+                            src: src.clone(),
+                            span: to_span(node.span()),
+                            stage: stage.to_string(),
+                            help: did_you_mean(&n, names, "stages"),
+                            name: n,
+                        });
+                    }
+                }
+            }
+        }
+        Val::Array(a) => a.iter().for_each(|n| collect_stage_refs(src, stage, n, names, edges, errors)),
+        Val::Table(t) => t.iter().for_each(|(_, n)| collect_stage_refs(src, stage, n, names, edges, errors)),
+        _ => {}
     }
 }
 

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Map, Value as Json};
 
-use super::error::{did_you_mean, to_span, Src, SpecError};
+use super::error::{did_you_mean, to_span, SpecError, Src};
 use super::tree::{Node, Val};
 
 #[derive(Debug, Clone, Copy)]
@@ -20,12 +20,17 @@ pub enum Ty {
     /// "5s", "10m", "1h30m"
     Duration,
     Enum(&'static [&'static str]),
-    /// A table of string values (env vars, gates).
+    /// A table of string values (gates).
     StrMap,
+    /// Environment variables: a [`Ty::StrMap`] whose names are letters, digits and `_` (what
+    /// every shell, execve and Kubernetes take) and whose values hold no NUL byte.
+    Env,
     /// A nested table with its own fields.
     Table(&'static [Field]),
     /// A string, or an integer.
     StrOrInt,
+    /// A string that `check` takes: `Some((reason, help))` refuses it when the spec is read.
+    Checked(fn(&str) -> Option<(String, String)>),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +80,9 @@ pub fn check_table(
             }),
             Some(field) => {
                 // A nested table is named in backticks for messages; its keys are not.
-                if let Some(v) = check_value(src, value, field, &format!("{}.{}", table.trim_matches('`'), key.name), errors) {
+                if let Some(v) =
+                    check_value(src, value, field, &format!("{}.{}", table.trim_matches('`'), key.name), errors)
+                {
                     out.insert(field.name.to_string(), v);
                 }
             }
@@ -140,12 +147,25 @@ fn check_value(src: &Src, node: &Node, field: &Field, key: &str, errors: &mut Ve
         (Ty::Float, Val::Int(i)) => Some(Json::from(*i as f64)),
         // nan and inf are TOML numbers, but no setting of a spec means them.
         (Ty::Float, Val::Float(f)) if !f.is_finite() => {
-            errors.push(invalid(src, node, key, format!("{f} is not a finite number"), "write an ordinary number such as 4 or 0.5"));
+            errors.push(invalid(
+                src,
+                node,
+                key,
+                format!("{f} is not a finite number"),
+                "write an ordinary number such as 4 or 0.5",
+            ));
             return None;
         }
         (Ty::Float, Val::Float(_)) => Some(v.to_json()),
         (Ty::Bool, Val::Bool(b)) => Some(Json::Bool(*b)),
         (Ty::StrOrInt, Val::Str(_) | Val::Int(_)) => Some(v.to_json()),
+        (Ty::Checked(check), Val::Str(s)) => match check(s) {
+            None => Some(Json::String(s.clone())),
+            Some((reason, help)) => {
+                errors.push(invalid(src, node, key, reason, help));
+                return None;
+            }
+        },
         (Ty::StrList, Val::Array(items)) => {
             let mut list = Vec::new();
             for item in items {
@@ -163,7 +183,13 @@ fn check_value(src: &Src, node: &Node, field: &Field, key: &str, errors: &mut Ve
         (Ty::Duration, Val::Str(s)) => match humantime::parse_duration(s) {
             Ok(_) => Some(Json::String(s.clone())),
             Err(e) => {
-                errors.push(invalid(src, node, key, format!("not a duration ({e})"), "write a duration such as \"30s\", \"10m\" or \"1h30m\""));
+                errors.push(invalid(
+                    src,
+                    node,
+                    key,
+                    format!("not a duration ({e})"),
+                    "write a duration such as \"30s\", \"10m\" or \"1h30m\"",
+                ));
                 return None;
             }
         },
@@ -171,11 +197,20 @@ fn check_value(src: &Src, node: &Node, field: &Field, key: &str, errors: &mut Ve
             if choices.contains(&s.as_str()) {
                 Some(Json::String(s.clone()))
             } else {
-                errors.push(invalid(src, node, key, format!("`{s}` is not one of {}", choices.join(", ")), did_you_mean(s, choices, "values")));
+                errors.push(invalid(
+                    src,
+                    node,
+                    key,
+                    format!("`{s}` is not one of {}", choices.join(", ")),
+                    did_you_mean(s, choices, "values"),
+                ));
                 return None;
             }
         }
-        (Ty::StrMap, Val::Table(entries)) => {
+        (Ty::StrMap | Ty::Env, Val::Table(entries)) => {
+            if matches!(field.ty, Ty::Env) && !env_ok(src, entries, key, errors) {
+                return None;
+            }
             let mut m = Map::new();
             for (k, item) in entries {
                 match &item.value {
@@ -193,13 +228,49 @@ fn check_value(src: &Src, node: &Node, field: &Field, key: &str, errors: &mut Ve
             }
             Some(Json::Object(m))
         }
-        (Ty::Table(fields), Val::Table(_)) => Some(Json::Object(check_table(src, node, fields, &format!("`{key}`"), errors))),
+        (Ty::Table(fields), Val::Table(_)) => {
+            Some(Json::Object(check_table(src, node, fields, &format!("`{key}`"), errors)))
+        }
         _ => None,
     };
     if ok.is_none() {
         errors.push(wrong_type(src, node, key, expected(field.ty)));
     }
     ok
+}
+
+/// Whether a name is one every shell, execve(2) and Kubernetes take as an environment
+/// variable's: `=` would end the name early (and let `MFLOW_OUTPUT=x` past the contract's own).
+pub fn env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Checks the names and values of an environment table; false when something is refused.
+fn env_ok(src: &Src, entries: &[(super::tree::Key, Node)], key: &str, errors: &mut Vec<SpecError>) -> bool {
+    let before = errors.len();
+    for (k, item) in entries {
+        let at = format!("{key}.{}", super::error::excerpt(&k.name));
+        if !env_name(&k.name) {
+            errors.push(SpecError::InvalidValue {
+                src: src.clone(),
+                span: to_span(k.origin.span()),
+                key: at,
+                reason: "not an environment variable name".into(),
+                help: "use letters, digits and `_`, not starting with a digit".into(),
+            });
+        } else if matches!(&item.value, Val::Str(s) if s.contains('\0')) {
+            errors.push(invalid(
+                src,
+                item,
+                &at,
+                "holds a NUL byte",
+                "no process can be given an environment value with a NUL byte in it",
+            ));
+        }
+    }
+    errors.len() == before
 }
 
 fn expected(ty: Ty) -> &'static str {
@@ -213,8 +284,10 @@ fn expected(ty: Ty) -> &'static str {
         Ty::Duration => "a duration string",
         Ty::Enum(_) => "a string",
         Ty::StrMap => "a table of strings",
+        Ty::Env => "a table of environment variables",
         Ty::Table(_) => "a table",
         Ty::StrOrInt => "a string or an integer",
+        Ty::Checked(_) => "a string",
     }
 }
 
@@ -247,8 +320,14 @@ fn ty_schema(ty: Ty) -> Json {
         Ty::Duration => json!({"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d) *)+$"}),
         Ty::Enum(c) => json!({"type": "string", "enum": c}),
         Ty::StrMap => json!({"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}),
+        Ty::Env => json!({
+            "type": "object",
+            "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+            "additionalProperties": {"type": ["string", "number", "boolean"]}
+        }),
         Ty::Table(f) => json_schema(f),
         Ty::StrOrInt => json!({"type": ["string", "integer"]}),
+        Ty::Checked(_) => json!({"type": "string"}),
     }
 }
 

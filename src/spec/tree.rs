@@ -67,9 +67,7 @@ impl Val {
             Val::Float(f) => serde_json::Number::from_f64(*f).map(J::Number).unwrap_or(J::Null),
             Val::Bool(b) => J::Bool(*b),
             Val::Array(a) => J::Array(a.iter().map(|n| n.value.to_json()).collect()),
-            Val::Table(t) => {
-                J::Object(t.iter().map(|(k, n)| (k.name.clone(), n.value.to_json())).collect())
-            }
+            Val::Table(t) => J::Object(t.iter().map(|(k, n)| (k.name.clone(), n.value.to_json())).collect()),
         }
     }
 }

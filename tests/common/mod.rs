@@ -50,7 +50,8 @@ impl Project {
 
     pub fn latest_record(&self) -> serde_json::Value {
         let runs = self.file(".mflow/runs");
-        let mut ids: Vec<String> = std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+        let mut ids: Vec<String> =
+            std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
         ids.sort();
         let text = std::fs::read_to_string(runs.join(ids.last().unwrap()).join("run.json")).unwrap();
         serde_json::from_str(&text).unwrap()
@@ -58,7 +59,12 @@ impl Project {
 
     pub fn cache_keys(&self) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(self.file(".mflow/cache"))
-            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| !n.starts_with('.')).collect())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .filter(|n| !n.starts_with('.'))
+                    .collect()
+            })
             .unwrap_or_default();
         v.sort();
         v

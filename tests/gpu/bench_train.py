@@ -22,7 +22,7 @@ import torch.distributed as dist
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "workloads"))
 
-from mflow_workloads import megatron_engine as ME  # noqa: E402
+from mflow_workloads.megatron import batches as MB, fusions as MF, model as MM, trainer as MT  # noqa: E402
 from mflow_workloads import shards as S  # noqa: E402
 from mflow_workloads.flops import flops_per_batch  # noqa: E402
 
@@ -44,12 +44,12 @@ def run_variant(ps, shards, knobs):
     m = S.read_manifest(shards)
     spec = S.spec_of(m)
     if "fused_adam" in knobs:
-        ME._enable_fused_adamw()
+        MT._enable_fused_adamw()
     if "wgrad_fusion" in knobs:
-        ME.MF.enable_wgrad_fusion()
-    config = ME.transformer_config(spec, tp, 1, "bf16", knobs)
-    model = ME.build_model(spec, config, tp, SEQ, "sdpa", knobs)
-    ME.load_shard(model, shards, m, ps.get_tensor_model_parallel_rank(), 0)
+        MF.enable_wgrad_fusion()
+    config = MM.transformer_config(spec, tp, 1, "bf16", knobs)
+    model = MM.build_model(spec, config, tp, SEQ, "sdpa", knobs)
+    MM.load_shard(model, shards, m, ps.get_tensor_model_parallel_rank(), 0)
     ddp = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(
         grad_reduce_in_fp32="bf16_grads" not in knobs, overlap_grad_reduce=False, use_distributed_optimizer=False), module=model)
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-4, bf16=True, params_dtype=torch.bfloat16,
@@ -57,7 +57,7 @@ def run_variant(ps, shards, knobs):
     config.no_sync_func, config.finalize_model_grads_func, config.grad_scale_func = ddp.no_sync, finalize_model_grads, opt.scale_loss
     fb = get_forward_backward_func()
     if "cuda_graph" in knobs:
-        fb = ME.MF.full_iteration_graph(fb)
+        fb = MF.full_iteration_graph(fb)
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def data():
@@ -73,7 +73,7 @@ def run_variant(ps, shards, knobs):
     def step():
         ddp.zero_grad_buffer()
         opt.zero_grad()
-        out = fb(forward_step_func=ME.forward_step, data_iterator=it, model=[ddp], num_microbatches=acc,
+        out = fb(forward_step_func=MB.forward_step, data_iterator=it, model=[ddp], num_microbatches=acc,
                  seq_length=SEQ, micro_batch_size=mbs, decoder_seq_length=SEQ, forward_only=False)
         opt.step()
         return out
@@ -101,7 +101,7 @@ def run_variant(ps, shards, knobs):
            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "mem_at_start_gib": round(mem_before, 1),
            "first_step_s": round(times[0], 2), "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
     if "cuda_graph" in knobs:
-        ME.MF.reset_full_iteration_graph()
+        MF.reset_full_iteration_graph()
     del ddp, opt, model, fb, step, out
     gc.collect()  # Megatron's DDP hooks hold the model in reference cycles
     torch.cuda.empty_cache()
@@ -154,7 +154,7 @@ def main():
     for v in variants:
         knobs = {k for k in v.split("+") if k not in ("base", "default")}
         if "default" in v.split("+"):
-            knobs |= set(ME.DEFAULT_KNOBS.split(","))
+            knobs |= set(MT.DEFAULT_KNOBS.split(","))
         try:
             r = run_variant(ps, shards, knobs)
         except Exception as e:  # noqa: BLE001 - record the failure, go on

@@ -5,9 +5,10 @@
 set -uo pipefail
 source tests/gpu/env.sh
 W=${W:-/tmp/mflow-gpu-work}
+# BIG: prepare.py's size option, --big (the Llama-3.2-1B shape too) unless set to something else.
 python3 -c 'import torch, megatron.core, transformers; print("torch", torch.__version__, "mcore", megatron.core.__version__, "transformers", transformers.__version__, "gpus", torch.cuda.device_count())'
 t0=$(date +%s)
-python3 tests/gpu/prepare.py "$W" ${BIG:---big} 2>&1 | grep -v -i "warn\|Writing\|Loading" | tee "$OUT/prepare.log"
+python3 tests/gpu/prepare.py "$W" "${BIG:---big}" 2>&1 | grep -v -i "warn\|Writing\|Loading" | tee "$OUT/prepare.log"
 echo "prepare took $(( $(date +%s) - t0 ))s"
 python3 -m torch.distributed.run --nproc-per-node=2 tests/gpu/parity.py "$W" "$OUT/parity.json" 2>&1 \
   | grep -E "PARITY|Error|error|Traceback" | tee "$OUT/parity.log"

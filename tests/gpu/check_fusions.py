@@ -1,4 +1,5 @@
-"""GPU check of megatron_fusions against references, with timings (one GPU, no process group).
+"""GPU check of the Megatron engine's fusions (mflow_workloads/megatron/fusions.py) against
+references, with timings (one GPU, no process group).
 
 python tests/gpu/check_fusions.py
 - the weight-gradient accumulation (addmm into fp32) against float64, on fresh random data;
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "workloads"))
 
-from mflow_workloads import megatron_fusions as MF  # noqa: E402
+from mflow_workloads.megatron import fusions as MF  # noqa: E402
 
 
 def rel(a, b):

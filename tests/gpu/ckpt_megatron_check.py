@@ -110,7 +110,7 @@ def worker(work, out_path):
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from safetensors.torch import load_file
 
-    from parity import megatron_logits  # builds GPTModel via megatron_engine, strict load, TP gather
+    from parity import megatron_logits  # builds GPTModel via the Megatron engine's model.py, strict load, TP gather
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by every GPU script, from the repository root: NVLink multicast off, the output folder,
 # and the wheels of .whl/ (megatron-core, blake3) installed into /tmp/site and put on PYTHONPATH
 # together with the workloads.

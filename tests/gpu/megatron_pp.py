@@ -3,10 +3,11 @@ micro-batches through get_forward_backward_func), through mflow_workloads.train.
 
 python tests/gpu/megatron_pp.py WORKDIR OUTDIR
 
-1. unchanged: the engine before pipelines (.before/megatron_engine.py, when present) and now
-   train the same 30 bf16 iterations (4 micro-batches per step); the grad norms must be equal,
-   and the losses and validation losses 4 times the old engine's: it reported the loss after
-   Megatron's schedule had divided it by the number of micro-batches in place (exact in binary).
+1. unchanged: the workloads of another commit (.before/mflow_workloads, when present: see
+   megatron_pp.sh) and these train the same 30 bf16 iterations (4 micro-batches per step); the
+   grad norms must be equal, and the losses and validation losses BEFORE_LOSS_SCALE times the
+   other engine's (default 1; 4 against 248827f and older engines, which reported the loss after
+   Megatron's schedule had divided it by the number of micro-batches in place: exact in binary).
 2. resume: the same run restarted from its checkpoint at 20 repeats iterations 21-30 (losses
    within 1e-5).
 3. reference: on the reference engine's samples (the Megatron engine's dataset is replaced by
@@ -79,11 +80,12 @@ def reference_samples(cfg, meta, dp):
 
 
 def worker(cfg_path):
-    from mflow_workloads import megatron_engine as ME, runtime
+    from mflow_workloads import runtime
     from mflow_workloads.config import load_train
+    from mflow_workloads.megatron import batches as MB, trainer as MT
 
-    ME.build_datasets = reference_samples
-    sys.exit(runtime.run_main(lambda p: ME.train(load_train(p)), cfg_path))
+    MB.build_datasets = reference_samples
+    sys.exit(runtime.run_main(lambda p: MT.run(load_train(p)), cfg_path))
 
 
 def reference_worker(cfg_path):
@@ -132,21 +134,17 @@ def main():
     sh = shards[False, "bfloat16"]
     now_run = os.path.join(work, "now")
     now = launch(config(work, now_run, sh, "megatron", "bf16"), now_run)
-    before_src = os.path.join(ROOT, ".before", "megatron_engine.py")
+    before_py = os.path.join(ROOT, ".before")
     res = {"now_rc": now["rc"], "now_wall_s": now["wall_s"],
            "losses_now": [round(x["loss"], 6) for x in now["train"]],
            "val_now": [x["val_loss"] for x in now["val"]],
            "tokens_per_s_median": sorted(x["tokens_per_s"] for x in now["train"])[len(now["train"]) // 2] if now["train"] else None,
            "tflops_per_gpu_median": sorted(x["tflops_per_gpu"] for x in now["train"])[len(now["train"]) // 2] if now["train"] else None,
            "mem_gib": now["train"][-1]["mem_gib"] if now["train"] else None}
-    if os.path.exists(before_src):
-        before_py = os.path.join(work, "before_workloads")
-        shutil.rmtree(before_py, ignore_errors=True)
-        shutil.copytree(WORKLOADS, before_py, ignore=shutil.ignore_patterns("tests", "__pycache__"))
-        shutil.copyfile(before_src, os.path.join(before_py, "mflow_workloads", "megatron_engine.py"))
+    if os.path.isdir(os.path.join(before_py, "mflow_workloads")):
         before_run = os.path.join(work, "before")
         before = launch(config(work, before_run, sh, "megatron", "bf16"), before_run, pythonpath=before_py)
-        nmb = 4
+        nmb = int(os.environ.get("BEFORE_LOSS_SCALE", "1"))
         res.update(before_rc=before["rc"], before_wall_s=before["wall_s"],
                    losses_before=[round(x["loss"], 6) for x in before["train"]],
                    max_abs_loss_diff=max((abs(a["loss"] - nmb * b["loss"]) for a, b in zip(now["train"], before["train"])), default=None),
@@ -156,7 +154,7 @@ def main():
                    and [x["val_loss"] for x in now["val"]] == [nmb * x["val_loss"] for x in before["val"]])
         passed = now["rc"] == 0 and before["rc"] == 0 and len(now["train"]) == 30 and res["identical"]
     else:
-        res["before"] = "not run (.before/megatron_engine.py absent)"
+        res["before"] = "not run (.before/mflow_workloads absent)"
         passed = now["rc"] == 0 and len(now["train"]) == 30
     report("unchanged", res, passed)
 

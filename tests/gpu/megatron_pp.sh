@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Megatron engine's PP/DP code path on one GPU (tests/gpu/megatron_pp.py). Before it, from the
-# repository root: `git show COMMIT:workloads/mflow_workloads/megatron_engine.py > .before/megatron_engine.py`
-# with COMMIT the engine to compare against (optional; skipped when absent).
+# repository root, the workloads to compare against (optional; the comparison is skipped without):
+#   mkdir -p .before && git archive COMMIT workloads/mflow_workloads | tar -x --strip-components=1 -C .before
 set -uo pipefail
 source tests/gpu/env.sh
 W=${W:-/tmp/mflow-gpu-work}

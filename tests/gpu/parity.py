@@ -16,7 +16,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "workloads"))
 
-from mflow_workloads import megatron_engine as ME  # noqa: E402
+from mflow_workloads.megatron import model as MM  # noqa: E402
 from mflow_workloads import shards as S  # noqa: E402
 from mflow_workloads.reference import model as RM, parallel as RP  # noqa: E402
 
@@ -41,9 +41,9 @@ def confident_match(logits, ref, margin=0.1):
 def megatron_logits(ps, name, shards, tp, dtype, tokens):
     m = S.read_manifest(shards)
     spec = S.spec_of(m)
-    cfg = ME.transformer_config(spec, tp, 1, "bf16" if dtype == "bfloat16" else "fp32")
-    model = ME.build_model(spec, cfg, tp, tokens.shape[1], "sdpa")
-    ME.load_shard(model, shards, m, ps.get_tensor_model_parallel_rank(), 0)  # strict=True
+    cfg = MM.transformer_config(spec, tp, 1, "bf16" if dtype == "bfloat16" else "fp32")
+    model = MM.build_model(spec, cfg, tp, tokens.shape[1], "sdpa")
+    MM.load_shard(model, shards, m, ps.get_tensor_model_parallel_rank(), 0)  # strict=True
     model.eval()
     pos = torch.arange(tokens.shape[1], device="cuda").unsqueeze(0).expand_as(tokens)
     with torch.no_grad():

@@ -11,6 +11,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "workloads", "tests"))
+sys.path.insert(0, os.path.join(ROOT, "workloads"))  # fixtures_lib imports mflow_workloads
 import fixtures_lib as FL  # noqa: E402
 
 # Llama-3.2-1B shape (tied embeddings, rope theta 5e5 with llama3 scaling) and two tiny models.

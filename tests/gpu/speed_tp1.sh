@@ -43,7 +43,8 @@ run_one() {  # name knobs [iterations]
     env "${env[@]}" "$MFLOW" run "$SPEC" "${sets[@]}" --force train > "$OUT/runs/$name.log" 2>&1
     echo "exit $?" >> "$OUT/runs/$name.log"
     tail -4 "$OUT/runs/$name.log"
-    local m; m=$(ls -t $(find specs/.mflow/runs -path '*train*' -name metrics.jsonl) | head -1)
+    # The newest training metrics (the run just made).
+    local m; m=$(find specs/.mflow/runs -path '*train*' -name metrics.jsonl -printf '%T@ %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
     cp "$m" "$OUT/runs/$name.metrics.jsonl"
     stamp "run $name: done"
 }

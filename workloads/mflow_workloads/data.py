@@ -18,8 +18,16 @@ import torch
 from .errors import DatasetError
 
 IDX_MAGIC = b"MMIDIDX\x00\x00"
-DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
-               7: np.float32, 8: np.uint16}
+DTYPE_CODES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
 HEADER_BYTES = len(IDX_MAGIC) + 8 + 1 + 8 + 8
 
 
@@ -47,16 +55,21 @@ class IndexedDataset:
         # Bound the untrusted counts by the file size before mapping anything.
         need = HEADER_BYTES + seq_count * (4 + 8) + doc_count * 8
         if need > idx_size:
-            raise DatasetError(f"{idx_path}: header claims {seq_count} sequences / {doc_count} documents, "
-                               f"needing {need} bytes, file has {idx_size}", "the index is truncated; regenerate it")
+            raise DatasetError(
+                f"{idx_path}: header claims {seq_count} sequences / {doc_count} documents, "
+                f"needing {need} bytes, file has {idx_size}",
+                "the index is truncated; regenerate it",
+            )
         self.dtype = np.dtype(DTYPE_CODES[code])
         self.lengths = np.memmap(idx_path, np.int32, "r", HEADER_BYTES, (seq_count,))
         self.pointers = np.memmap(idx_path, np.int64, "r", HEADER_BYTES + seq_count * 4, (seq_count,))
         self.document_indices = np.memmap(idx_path, np.int64, "r", HEADER_BYTES + seq_count * 12, (doc_count,))
         n_tokens = int(self.lengths.sum(dtype=np.int64)) if seq_count else 0
         if n_tokens * self.dtype.itemsize != bin_size:
-            raise DatasetError(f"{bin_path}: {bin_size} bytes but the index lists {n_tokens} tokens of "
-                               f"{self.dtype.itemsize} bytes", "the .bin and .idx do not belong together; regenerate")
+            raise DatasetError(
+                f"{bin_path}: {bin_size} bytes but the index lists {n_tokens} tokens of {self.dtype.itemsize} bytes",
+                "the .bin and .idx do not belong together; regenerate",
+            )
         self.num_tokens = n_tokens
         self.tokens = np.memmap(bin_path, self.dtype, "r", 0, (n_tokens,)) if n_tokens else np.zeros(0, self.dtype)
 
@@ -65,7 +78,7 @@ class IndexedDataset:
 
     def document(self, i: int) -> np.ndarray:
         start = int(self.pointers[i]) // self.dtype.itemsize
-        return np.asarray(self.tokens[start: start + int(self.lengths[i])])
+        return np.asarray(self.tokens[start : start + int(self.lengths[i])])
 
 
 def read_dataset_json(data_dir: str) -> dict[str, Any]:
@@ -101,13 +114,16 @@ class SampleSource:
         self.shuffle = shuffle
         self.per_epoch = (self.ds.num_tokens - 1) // seq_length
         if self.per_epoch < 1:
-            raise DatasetError(f"{prefix}: {self.ds.num_tokens} tokens, fewer than seq_length+1 = {seq_length + 1}",
-                               "use a smaller seq_length or more text")
+            raise DatasetError(
+                f"{prefix}: {self.ds.num_tokens} tokens, fewer than seq_length+1 = {seq_length + 1}",
+                "use a smaller seq_length or more text",
+            )
         if vocab_limit is not None and self.ds.num_tokens:
             top = int(np.max(self.ds.tokens[: min(self.ds.num_tokens, 1 << 22)]))
             if top >= vocab_limit:
-                raise DatasetError(f"{prefix}: token id {top} >= model vocab {vocab_limit}",
-                                   "tokenize with the model's tokenizer")
+                raise DatasetError(
+                    f"{prefix}: token id {top} >= model vocab {vocab_limit}", "tokenize with the model's tokenizer"
+                )
         self._perm_epoch = -1
         self._perm = None
 
@@ -123,7 +139,7 @@ class SampleSource:
 
     def sample(self, k: int) -> np.ndarray:
         start = self._window(k) * self.seq
-        return np.asarray(self.ds.tokens[start: start + self.seq + 1], dtype=np.int64)
+        return np.asarray(self.ds.tokens[start : start + self.seq + 1], dtype=np.int64)
 
     def batch(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens, labels) of shape [count, seq] for samples first..first+count-1."""

@@ -15,9 +15,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from . import data as D
-from . import runtime
-from . import shards as S
+from . import data as D, runtime, shards as S
 from .config import load_evaluate
 from .errors import ConfigError, ShardsError
 from .events import Metrics, Progress
@@ -33,7 +31,9 @@ def load_tokenizer(shards_dir: str):
 
     path = os.path.join(shards_dir, "tokenizer", "tokenizer.json")
     if not os.path.isfile(path):
-        raise ShardsError(f"{path}: missing", "the shards must carry tokenizer/tokenizer.json (mflow convert copies it)")
+        raise ShardsError(
+            f"{path}: missing", "the shards must carry tokenizer/tokenizer.json (mflow convert copies it)"
+        )
     return Tokenizer.from_file(path)
 
 
@@ -62,8 +62,10 @@ def main(path: str) -> None:
         raise ConfigError(f"launched {world} processes, not a multiple of tp={cfg.tp}", "launch tp * k processes")
     manifest = S.read_manifest(cfg.shards)
     if manifest["tp"] != cfg.tp:
-        raise ConfigError(f"shards {cfg.shards} have tp={manifest['tp']} but evaluate was launched with tp={cfg.tp}",
-                          "mflow inserts a reshard step; re-run with shards converted for this tp")
+        raise ConfigError(
+            f"shards {cfg.shards} have tp={manifest['tp']} but evaluate was launched with tp={cfg.tp}",
+            "mflow inserts a reshard step; re-run with shards converted for this tp",
+        )
     p = setup(cfg.tp, world // cfg.tp)
     spec = S.spec_of(manifest)
     model = build(spec, p, S.load_rank(cfg.shards, manifest, p.tp_rank), device=device).eval()

@@ -7,6 +7,7 @@ atomically, so that mflow never reads half of it.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -82,17 +83,73 @@ class Status:
         self.update(**{"class": cls, "message": message[:2000]})
 
 
+# The rule of docs/exit-codes.md, as mflow applies it to a system call's error: what may pass
+# by itself is infra, what the same attempt meets again is user.
+_PASSING_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "EAGAIN",
+        "EINTR",
+        "ENOMEM",
+        "EMFILE",
+        "ENFILE",
+        "ENOSPC",
+        "EDQUOT",
+        "EROFS",
+        "EBUSY",
+        "ETXTBSY",
+        "EIO",
+        "ESTALE",
+        "ECONNREFUSED",
+        "ECONNRESET",
+        "ECONNABORTED",
+        "ENOTCONN",
+        "EPIPE",
+        "ETIMEDOUT",
+        "EHOSTUNREACH",
+        "EHOSTDOWN",
+        "ENETUNREACH",
+        "ENETDOWN",
+        "ENETRESET",
+        "EADDRNOTAVAIL",
+    )
+    if hasattr(errno, name)
+)
+
+# Errors of the collective backends, which say a peer or the network failed.
+_COLLECTIVE_WORDS = ("nccl", "gloo", "rendezvous", "connection reset", "connection closed", "broken pipe")
+# Storage that failed under the stage, as libraries that wrap the OS error say it (safetensors:
+# "I/O error: No space left on device (os error 28)"; torch.save: "file write failed").
+STORAGE_WORDS = (
+    *(os.strerror(e).lower() for e in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.ESTALE)),
+    "file write failed",
+)
+
+
 def classify_exception(exc: BaseException) -> str:
-    """Maps an exception to mflow's failure classes: oom, infra, user."""
+    """Maps an exception to mflow's failure classes (docs/exit-codes.md): oom, infra, user."""
     from .errors import WorkloadError
 
     if isinstance(exc, WorkloadError):
         return exc.cls
-    text = f"{type(exc).__name__}: {exc}".lower()
-    if "out of memory" in text or "outofmemory" in text:
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return "oom"
-    infra_words = ("nccl", "gloo", "timed out", "timeout", "connection reset", "connection closed",
-                   "broken pipe", "peer", "sigterm", "socket", "rendezvous", "distbackenderror", "distnetworkerror")
-    if any(w in text for w in infra_words):
+    # A system call's error by its number, never by the words around it (a file named
+    # peer-timeout.bin that does not exist is the user's).
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return "infra" if exc.errno in _PASSING_ERRNOS else "user"
+    # InterruptedError: the workload's own word for a SIGTERM from outside, after its checkpoint.
+    if isinstance(exc, (TimeoutError, ConnectionError, InterruptedError)):
         return "infra"
+    if type(exc).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError"):
+        return "infra"
+    if any(w in str(exc).lower() for w in STORAGE_WORDS):
+        return "infra"
+    if isinstance(exc, RuntimeError):
+        text = str(exc).lower()
+        # torch raises CUDA's out-of-memory and the collectives' failures as RuntimeError.
+        if "out of memory" in text:
+            return "oom"
+        if any(w in text for w in _COLLECTIVE_WORDS):
+            return "infra"
     return "user"

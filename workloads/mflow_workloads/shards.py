@@ -25,11 +25,30 @@ MANIFEST = "mflow-checkpoint.json"
 FORMAT = "mflow-megatron-shards"
 MAX_MANIFEST_BYTES = 16 << 20
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-              "ffn_hidden_size", "gated_linear_unit", "activation", "normalization", "layernorm_epsilon",
-              "add_bias_linear", "add_qkv_bias", "position_embedding_type", "rotary_base", "rotary_percent",
-              "rope_scaling", "rope_scaling_factor", "max_position_embeddings", "vocab_size",
-              "padded_vocab_size", "make_vocab_size_divisible_by", "share_embeddings_and_output_weights")
+MODEL_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "kv_channels",
+    "ffn_hidden_size",
+    "gated_linear_unit",
+    "activation",
+    "normalization",
+    "layernorm_epsilon",
+    "add_bias_linear",
+    "add_qkv_bias",
+    "position_embedding_type",
+    "rotary_base",
+    "rotary_percent",
+    "rope_scaling",
+    "rope_scaling_factor",
+    "max_position_embeddings",
+    "vocab_size",
+    "padded_vocab_size",
+    "make_vocab_size_divisible_by",
+    "share_embeddings_and_output_weights",
+)
 
 
 def shard_file_name(tp_rank: int, pp_rank: int) -> str:
@@ -70,26 +89,37 @@ class ModelSpec:
     share_embeddings_and_output_weights: bool
 
     @classmethod
-    def from_manifest(cls, m: dict[str, Any], where: str) -> "ModelSpec":
+    def from_manifest(cls, m: dict[str, Any], where: str) -> ModelSpec:
         model = m.get("model")
         if not isinstance(model, dict):
-            raise ShardsError(f"{where}: key 'model' is missing or not an object", "regenerate the shards with mflow convert")
+            raise ShardsError(
+                f"{where}: key 'model' is missing or not an object", "regenerate the shards with mflow convert"
+            )
         missing = [k for k in MODEL_KEYS if k not in model]
         if missing:
-            raise ShardsError(f"{where}: model keys missing: {', '.join(missing)}",
-                              "regenerate the shards with this mflow version")
+            raise ShardsError(
+                f"{where}: model keys missing: {', '.join(missing)}", "regenerate the shards with this mflow version"
+            )
         spec = cls(architecture=m.get("architecture", "llama"), **{k: model[k] for k in MODEL_KEYS})
         if spec.activation not in ("silu", "gelu_tanh"):
-            raise ShardsError(f"{where}: model.activation {spec.activation!r} is not supported", "use silu or gelu_tanh")
+            raise ShardsError(
+                f"{where}: model.activation {spec.activation!r} is not supported", "use silu or gelu_tanh"
+            )
         if spec.normalization not in ("RMSNorm", "LayerNorm"):
-            raise ShardsError(f"{where}: model.normalization {spec.normalization!r} is not supported",
-                              "use RMSNorm or LayerNorm")
+            raise ShardsError(
+                f"{where}: model.normalization {spec.normalization!r} is not supported", "use RMSNorm or LayerNorm"
+            )
         if spec.position_embedding_type not in ("rope", "learned_absolute"):
-            raise ShardsError(f"{where}: model.position_embedding_type {spec.position_embedding_type!r}",
-                              "use rope or learned_absolute")
+            raise ShardsError(
+                f"{where}: model.position_embedding_type {spec.position_embedding_type!r}",
+                "use rope or learned_absolute",
+            )
         if spec.num_attention_heads % spec.num_query_groups:
-            raise ShardsError(f"{where}: num_attention_heads {spec.num_attention_heads} is not a multiple of "
-                              f"num_query_groups {spec.num_query_groups}", "fix the model config")
+            raise ShardsError(
+                f"{where}: num_attention_heads {spec.num_attention_heads} is not a multiple of "
+                f"num_query_groups {spec.num_query_groups}",
+                "fix the model config",
+            )
         return spec
 
     def padded_vocab_for(self, tp: int) -> int:
@@ -101,44 +131,62 @@ def read_manifest(shards_dir: str) -> dict[str, Any]:
     try:
         size = os.path.getsize(path)
     except OSError as e:
-        raise ShardsError(f"{path}: cannot read the shard manifest: {e}",
-                          "point 'shards' at a directory produced by mflow convert or train") from e
+        raise ShardsError(
+            f"{path}: cannot read the shard manifest: {e}",
+            "point 'shards' at a directory produced by mflow convert or train",
+        ) from e
     if size > MAX_MANIFEST_BYTES:
-        raise ShardsError(f"{path}: manifest is {size} bytes (limit {MAX_MANIFEST_BYTES})", "the manifest is small JSON")
+        raise ShardsError(
+            f"{path}: manifest is {size} bytes (limit {MAX_MANIFEST_BYTES})", "the manifest is small JSON"
+        )
     try:
         with open(path, encoding="utf-8") as f:
             m = json.load(f)
     except json.JSONDecodeError as e:
         raise ShardsError(f"{path}: invalid JSON: {e}", "regenerate the shards") from e
     if m.get("format") != FORMAT or m.get("version") != 1:
-        raise ShardsError(f"{path}: format {m.get('format')!r} version {m.get('version')!r}",
-                          f"expected format '{FORMAT}' version 1")
+        raise ShardsError(
+            f"{path}: format {m.get('format')!r} version {m.get('version')!r}", f"expected format '{FORMAT}' version 1"
+        )
     for k in ("tp", "pp", "dtype", "layers_per_stage", "files"):
         if k not in m:
             raise ShardsError(f"{path}: key '{k}' is missing", "regenerate the shards with mflow convert")
     if m["dtype"] not in DTYPES:
         raise ShardsError(f"{path}: dtype {m['dtype']!r} is not supported", f"use one of {', '.join(DTYPES)}")
     spec = ModelSpec.from_manifest(m, path)
-    if m["tp"] < 1 or m["pp"] < 1 or len(m["layers_per_stage"]) != m["pp"] or sum(m["layers_per_stage"]) != spec.num_layers:
-        raise ShardsError(f"{path}: tp/pp/layers_per_stage are inconsistent with num_layers {spec.num_layers}",
-                          "regenerate the shards")
+    if (
+        m["tp"] < 1
+        or m["pp"] < 1
+        or len(m["layers_per_stage"]) != m["pp"]
+        or sum(m["layers_per_stage"]) != spec.num_layers
+    ):
+        raise ShardsError(
+            f"{path}: tp/pp/layers_per_stage are inconsistent with num_layers {spec.num_layers}",
+            "regenerate the shards",
+        )
     if spec.padded_vocab_size != spec.padded_vocab_for(m["tp"]):
-        raise ShardsError(f"{path}: padded_vocab_size {spec.padded_vocab_size} != "
-                          f"ceil(V/(divisor*tp))*divisor*tp = {spec.padded_vocab_for(m['tp'])}",
-                          "regenerate the shards; padding follows Megatron's make_vocab_size_divisible_by*tp")
+        raise ShardsError(
+            f"{path}: padded_vocab_size {spec.padded_vocab_size} != "
+            f"ceil(V/(divisor*tp))*divisor*tp = {spec.padded_vocab_for(m['tp'])}",
+            "regenerate the shards; padding follows Megatron's make_vocab_size_divisible_by*tp",
+        )
     seen = set()
     for entry in m["files"]:
         name = entry.get("path", "")
         expected = shard_file_name(entry.get("tp", -1), entry.get("pp", -1))
         # A manifest path must be a bare file name of the fixed pattern: nothing may escape the directory.
         if name != expected or "/" in name or "\\" in name:
-            raise ShardsError(f"{path}: file entry {name!r} does not match {expected!r}",
-                              "shard files are named model_tpXX_ppYYY.safetensors inside the shard directory")
+            raise ShardsError(
+                f"{path}: file entry {name!r} does not match {expected!r}",
+                "shard files are named model_tpXX_ppYYY.safetensors inside the shard directory",
+            )
         seen.add((entry["tp"], entry["pp"]))
     want = {(t, p) for t in range(m["tp"]) for p in range(m["pp"])}
     if seen != want:
-        raise ShardsError(f"{path}: files cover ranks {sorted(seen)}, expected {sorted(want)}",
-                          "every (tp, pp) rank needs exactly one file")
+        raise ShardsError(
+            f"{path}: files cover ranks {sorted(seen)}, expected {sorted(want)}",
+            "every (tp, pp) rank needs exactly one file",
+        )
     m["_spec"] = spec
     return m
 
@@ -157,23 +205,30 @@ def blake3_file(path: str) -> str:
     return h.hexdigest()
 
 
-def load_rank(shards_dir: str, manifest: dict[str, Any], tp_rank: int, pp_rank: int = 0,
-              verify_digest: bool = True) -> dict[str, torch.Tensor]:
+def load_rank(
+    shards_dir: str, manifest: dict[str, Any], tp_rank: int, pp_rank: int = 0, verify_digest: bool = True
+) -> dict[str, torch.Tensor]:
     """Loads one rank's tensors (safetensors only), after checking its size and digest."""
     entry = next(e for e in manifest["files"] if e["tp"] == tp_rank and e["pp"] == pp_rank)
     path = os.path.join(shards_dir, entry["path"])
     try:
         size = os.path.getsize(path)
     except OSError as e:
-        raise ShardsError(f"{path}: missing shard file: {e}", "the shard directory is incomplete; re-run convert") from e
+        raise ShardsError(
+            f"{path}: missing shard file: {e}", "the shard directory is incomplete; re-run convert"
+        ) from e
     if "bytes" in entry and size != entry["bytes"]:
-        raise ShardsError(f"{path}: size {size} != {entry['bytes']} recorded in {MANIFEST}",
-                          "the file was truncated or replaced; re-run convert")
+        raise ShardsError(
+            f"{path}: size {size} != {entry['bytes']} recorded in {MANIFEST}",
+            "the file was truncated or replaced; re-run convert",
+        )
     if verify_digest and entry.get("blake3"):
         digest = blake3_file(path)
         if digest != entry["blake3"]:
-            raise ShardsError(f"{path}: blake3 {digest} != {entry['blake3']} recorded in {MANIFEST}",
-                              "the file is corrupt; re-run convert")
+            raise ShardsError(
+                f"{path}: blake3 {digest} != {entry['blake3']} recorded in {MANIFEST}",
+                "the file is corrupt; re-run convert",
+            )
     out = {}
     try:
         with safe_open(path, framework="pt") as f:
@@ -209,7 +264,7 @@ def merge_tp(ranks: list[dict[str, torch.Tensor]], spec: ModelSpec) -> dict[str,
     """Joins tensor-parallel ranks into one unsharded state dict with the true vocab (no padding)."""
     out = {}
     for key in ranks[0]:
-        kind, dim = _tp_kind(key)
+        kind, _ = _tp_kind(key)
         parts = [r[key] for r in ranks]
         if kind == "rep":
             out[key] = parts[0].clone()
@@ -237,11 +292,13 @@ def split_tp(full: dict[str, torch.Tensor], spec: ModelSpec, tp: int) -> list[di
             parts = [t.clone() for _ in range(tp)]
         elif kind == "fc1" and spec.gated_linear_unit:
             gate, up = t.chunk(2, dim=0)
-            parts = [torch.cat([g, u], dim=0) for g, u in zip(gate.chunk(tp, 0), up.chunk(tp, 0))]
+            parts = [torch.cat([g, u], dim=0) for g, u in zip(gate.chunk(tp, 0), up.chunk(tp, 0), strict=True)]
         else:
             if t.shape[dim] % tp:
-                raise ShardsError(f"tensor {key}: dim {dim} of size {t.shape[dim]} is not divisible by tp={tp}",
-                                  "choose a tp that divides heads, query groups and ffn size")
+                raise ShardsError(
+                    f"tensor {key}: dim {dim} of size {t.shape[dim]} is not divisible by tp={tp}",
+                    "choose a tp that divides heads, query groups and ffn size",
+                )
             parts = list(t.chunk(tp, dim=dim))
         for r in range(tp):
             ranks[r][key] = parts[r].contiguous()
@@ -259,13 +316,12 @@ def stage_layers(manifest: dict[str, Any], pp_rank: int) -> range:
     return range(first, first + lps[pp_rank])
 
 
-def merge_pp(stages: list[dict[str, torch.Tensor]], layers_per_stage: list[int],
-             tied: bool) -> dict[str, torch.Tensor]:
+def merge_pp(stages: list[dict[str, torch.Tensor]], layers_per_stage: list[int], tied: bool) -> dict[str, torch.Tensor]:
     """Joins the pipeline stages of one tp rank into a pp=1 state: layer numbers become global, and
     the last stage's copy of a tied output layer is dropped (at pp=1 the embedding serves)."""
     out: dict[str, torch.Tensor] = {}
     offset = 0
-    for p, (state, n) in enumerate(zip(stages, layers_per_stage)):
+    for p, (state, n) in enumerate(zip(stages, layers_per_stage, strict=True)):
         for key, t in state.items():
             m = _LAYER_KEY.match(key)
             if m:
@@ -300,20 +356,26 @@ def split_pp(state: dict[str, torch.Tensor], layers_per_stage: list[int], tied: 
     return stages
 
 
-def write_rank_file(out_dir: str, tp_rank: int, pp_rank: int, tensors: dict[str, torch.Tensor],
-                    dtype: torch.dtype) -> str:
+def write_rank_file(
+    out_dir: str, tp_rank: int, pp_rank: int, tensors: dict[str, torch.Tensor], dtype: torch.dtype
+) -> str:
     """Writes one rank's safetensors file (temp name, then rename) and returns its name."""
     os.makedirs(out_dir, exist_ok=True)
     name = shard_file_name(tp_rank, pp_rank)
-    clean = {k: v.detach().to("cpu", dtype).contiguous() for k, v in tensors.items()
-             if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
+    clean = {
+        k: v.detach().to("cpu", dtype).contiguous()
+        for k, v in tensors.items()
+        if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")
+    }
     tmp = os.path.join(out_dir, f".{name}.partial")
     save_file(clean, tmp, metadata={"format": "pt"})
     os.replace(tmp, os.path.join(out_dir, name))
     return name
 
 
-def finalize_shards(out_dir: str, src_dir: str, src_manifest: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+def finalize_shards(
+    out_dir: str, src_dir: str, src_manifest: dict[str, Any], extra: dict[str, Any] | None = None
+) -> None:
     """Copies tokenizer/ and hf_config.json, recomputes digests, writes the manifest last."""
     same_dir = os.path.realpath(out_dir) == os.path.realpath(src_dir)
     for item in ("tokenizer", "hf_config.json") if not same_dir else ():
@@ -329,8 +391,9 @@ def finalize_shards(out_dir: str, src_dir: str, src_manifest: dict[str, Any], ex
     files = []
     for e in src_manifest["files"]:
         p = os.path.join(out_dir, e["path"])
-        files.append({"tp": e["tp"], "pp": e["pp"], "path": e["path"], "bytes": os.path.getsize(p),
-                      "blake3": blake3_file(p)})
+        files.append(
+            {"tp": e["tp"], "pp": e["pp"], "path": e["path"], "bytes": os.path.getsize(p), "blake3": blake3_file(p)}
+        )
     m["files"] = files
     if extra:
         m.update(extra)

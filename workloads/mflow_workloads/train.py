@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from . import runtime
@@ -13,17 +14,20 @@ def main(path: str) -> None:
     cfg = load_train(path)
     cuda = runtime.use_cuda(cfg.engine)
     engine = cfg.engine if cfg.engine != "auto" else ("megatron" if cuda else "reference")
-    import os
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != cfg.world_size:
-        raise ConfigError(f"launched {world} processes but tp*pp*dp = {cfg.tp}*{cfg.pp}*{cfg.dp} = {cfg.world_size}",
-                          "launch tp*pp*dp processes in total (PET_NNODES * PET_NPROC_PER_NODE)")
+        raise ConfigError(
+            f"launched {world} processes but tp*pp*dp = {cfg.tp}*{cfg.pp}*{cfg.dp} = {cfg.world_size}",
+            "launch tp*pp*dp processes in total (PET_NNODES * PET_NPROC_PER_NODE)",
+        )
     if engine == "megatron":
-        from . import megatron_engine
-        megatron_engine.train(cfg)
+        from .megatron import trainer
+
+        trainer.run(cfg)
         return
     device = runtime.init_distributed(cuda)
     from .reference import trainer
+
     trainer.run(cfg, device)
 
 

@@ -19,10 +19,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mflow_workloads import data as D  # noqa: E402
-from mflow_workloads.config import load_train  # noqa: E402
-from mflow_workloads.reference import parallel as RP, trainer  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
+from safetensors.torch import save_file
+
+from mflow_workloads import data as D
+from mflow_workloads.config import load_train
+from mflow_workloads.reference import parallel as RP, trainer
 
 _reads: list = []
 _grads: dict = {}
@@ -40,8 +41,14 @@ def _recording_clip(model, max_norm, p):
 def _recording_batch(self, first, count):
     tokens, labels = _batch(self, first, count)
     if self.shuffle:  # the training split (validation windows are read unshuffled)
-        _reads.append({"first": first, "count": count, "windows": [self._window(first + i) for i in range(count)],
-                       "tokens": torch.cat([tokens, labels[:, -1:]], dim=1).tolist()})
+        _reads.append(
+            {
+                "first": first,
+                "count": count,
+                "windows": [self._window(first + i) for i in range(count)],
+                "tokens": torch.cat([tokens, labels[:, -1:]], dim=1).tolist(),
+            }
+        )
     return tokens, labels
 
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mflow_workloads.reference import parallel as RP, shm  # noqa: E402
+from mflow_workloads.reference import parallel as RP, shm
 
 
 def peer_lost(p, rank):
@@ -16,6 +16,7 @@ def peer_lost(p, rank):
     if rank == 1:
         os._exit(0)
     import time
+
     t = time.monotonic()
     try:
         RP.tp_all_reduce(torch.ones(4), p)
@@ -34,11 +35,16 @@ def main():
     if sys.argv[1:] == ["peer-lost"]:
         peer_lost(p, rank)
     g = torch.Generator().manual_seed(100 + rank)
-    cases = [((8, 128, 256), torch.float32), ((3, 5), torch.float32), ((), torch.float64), ((2, 8, 128), torch.float32),
-             ((shm.SLOT_BYTES // 4 + 1,), torch.float32)]  # the last is larger than a slot: gloo
+    cases = [
+        ((8, 128, 256), torch.float32),
+        ((3, 5), torch.float32),
+        ((), torch.float64),
+        ((2, 8, 128), torch.float32),
+        ((shm.SLOT_BYTES // 4 + 1,), torch.float32),
+    ]  # the last is larger than a slot: gloo
     for round_ in range(3):  # alternate slots more than once
         for shape, dtype in cases:
-            x = (torch.randn(shape, generator=g, dtype=dtype) * 10.0 ** (round_ - 1))
+            x = torch.randn(shape, generator=g, dtype=dtype) * 10.0 ** (round_ - 1)
             if x.numel() > 4:
                 x.view(-1)[:4] = torch.tensor([0.0, -0.0, 1e-38, -3.0], dtype=dtype)
             for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
@@ -49,7 +55,11 @@ def main():
                 assert torch.equal(x, before), "the input must be left as it was"
                 assert got.shape == x.shape and got.dtype == x.dtype
                 # bit for bit, signed zeros included
-                assert torch.equal(got.reshape(-1).view(torch.uint8), ref.reshape(-1).view(torch.uint8)), (shape, dtype, op)
+                assert torch.equal(got.reshape(-1).view(torch.uint8), ref.reshape(-1).view(torch.uint8)), (
+                    shape,
+                    dtype,
+                    op,
+                )
     # A non-contiguous input is reduced as its contiguous copy would be.
     y = torch.randn(16, 12, generator=g).t()
     ref = y.contiguous()

@@ -5,17 +5,29 @@ import os
 import shutil
 import subprocess
 
-import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import WORKLOADS, python, torchrun
+from conftest import WORKLOADS, python, read_json, torchrun
 
 
 def _eval_config(assets, out, tp=2):
-    return {"stage": "evaluate", "engine": "reference", "shards": assets[f"sh{tp}"], "data": assets["data"],
-            "output": out, "tp": tp, "pp": 1, "seq_length": 64, "micro_batch_size": 4, "eval_iters": 2,
-            "splits": ["valid", "test"], "baseline": assets["hf"], "prompts": ["The license", "You may"],
-            "max_new_tokens": 6, "precision": "fp32"}
+    return {
+        "stage": "evaluate",
+        "engine": "reference",
+        "shards": assets[f"sh{tp}"],
+        "data": assets["data"],
+        "output": out,
+        "tp": tp,
+        "pp": 1,
+        "seq_length": 64,
+        "micro_batch_size": 4,
+        "eval_iters": 2,
+        "splits": ["valid", "test"],
+        "baseline": assets["hf"],
+        "prompts": ["The license", "You may"],
+        "max_new_tokens": 6,
+        "precision": "fp32",
+    }
 
 
 def test_evaluate_matches_the_hf_baseline(assets, tmp_path):
@@ -24,9 +36,16 @@ def test_evaluate_matches_the_hf_baseline(assets, tmp_path):
     path.write_text(json.dumps(_eval_config(assets, out)))
     proc = torchrun(2, ["-m", "mflow_workloads.evaluate", str(path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    m = json.load(open(os.path.join(out, "metrics.json")))
-    for k in ("val_loss", "val_ppl", "test_loss", "test_ppl", "baseline_val_loss", "baseline_val_ppl",
-              "val_loss_delta_vs_baseline"):
+    m = read_json(os.path.join(out, "metrics.json"))
+    for k in (
+        "val_loss",
+        "val_ppl",
+        "test_loss",
+        "test_ppl",
+        "baseline_val_loss",
+        "baseline_val_ppl",
+        "val_loss_delta_vs_baseline",
+    ):
         assert isinstance(m[k], float), k
     assert abs(m["val_loss_delta_vs_baseline"]) < 1e-5  # the shards are the baseline, converted
     assert [s["prompt"] for s in m["samples"]] == ["The license", "You may"]
@@ -44,15 +63,26 @@ def test_evaluate_refuses_a_tp_mismatch(assets, tmp_path):
 
 def _verify(assets, hf_dir, tmp_path):
     out = str(tmp_path / "verify")
-    cfg = {"stage": "verify_export", "hf": hf_dir, "shards": assets["sh2"], "prompts": ["The license", "You may"],
-           "max_new_tokens": 6, "output": out}
+    cfg = {
+        "stage": "verify_export",
+        "hf": hf_dir,
+        "shards": assets["sh2"],
+        "prompts": ["The license", "You may"],
+        "max_new_tokens": 6,
+        "output": out,
+    }
     path = tmp_path / "verify.json"
     path.write_text(json.dumps(cfg))
     status = tmp_path / "status.json"
     env = dict(os.environ, PYTHONPATH=WORKLOADS, MFLOW_STATUS=str(status), CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([python(), "-m", "mflow_workloads.verify_export", str(path)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    return proc, json.load(open(os.path.join(out, "verification.json"))), status
+    proc = subprocess.run(
+        [python(), "-m", "mflow_workloads.verify_export", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc, read_json(os.path.join(out, "verification.json")), status
 
 
 def test_verify_export_passes_for_a_faithful_export(assets, tmp_path):
@@ -70,5 +100,5 @@ def test_verify_export_gate_fails_for_a_wrong_export(assets, tmp_path):
     proc, v, status = _verify(assets, bad, tmp_path)
     assert proc.returncode != 0
     assert not v["passed"] and v["max_abs_diff"] > 1e-3
-    assert json.load(open(status))["class"] == "gate"
+    assert read_json(status)["class"] == "gate"
     assert "export verification failed" in proc.stderr

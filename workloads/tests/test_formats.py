@@ -3,11 +3,11 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-import fixtures_lib as FL
 from mflow_workloads import config as CFG, data as D, shards as S
 from mflow_workloads.errors import ConfigError, DatasetError, ShardsError
 from mflow_workloads.schedule import lr_at
@@ -60,7 +60,7 @@ def test_corrupt_shard_is_named(assets, tmp_path):
     data[-1] ^= 0xFF
     f.write_bytes(bytes(data))
     m = S.read_manifest(str(d))
-    with pytest.raises(ShardsError, match="model_tp00_pp000.safetensors: blake3"):
+    with pytest.raises(ShardsError, match=r"model_tp00_pp000\.safetensors: blake3"):
         S.load_rank(str(d), m, 0)
 
 
@@ -68,9 +68,9 @@ def test_missing_config_key_is_named(assets, tmp_path):
     from conftest import train_config
 
     path = train_config(assets, str(tmp_path / "run"))
-    cfg = json.loads(open(path).read())
+    cfg = json.loads(Path(path).read_text())
     del cfg["warmup_iterations"]
-    open(path, "w").write(json.dumps(cfg))
+    Path(path).write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="missing key 'warmup_iterations'"):
         CFG.load_train(path)
 

@@ -1,11 +1,11 @@
-"""The Megatron engine's own cross-entropy (megatron_fusions; on CUDA its kernels are compiled, on
+"""The Megatron engine's own cross-entropy (megatron/fusions.py; on CUDA its kernels are compiled, on
 CPU the same functions run eagerly): the loss and logits gradient of torch's cross_entropy."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from mflow_workloads import megatron_fusions as MF
+from mflow_workloads.megatron import fusions as MF
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -51,14 +51,14 @@ def _tp_worker(rank, world, port):
         logits = torch.randn(s, b, v) * 3
         target = torch.randint(0, v, (s, b))
         part = v // world
-        x = logits[:, :, rank * part:(rank + 1) * part].clone().requires_grad_(True)
+        x = logits[:, :, rank * part : (rank + 1) * part].clone().requires_grad_(True)
         loss = MF.cross_entropy(x, target, dist.group.WORLD)
         loss.sum().backward()
         ref_in = logits.clone().requires_grad_(True)
         ref = F.cross_entropy(ref_in.reshape(-1, v), target.reshape(-1), reduction="none").reshape(s, b)
         ref.sum().backward()
         torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(x.grad, ref_in.grad[:, :, rank * part:(rank + 1) * part], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(x.grad, ref_in.grad[:, :, rank * part : (rank + 1) * part], rtol=1e-5, atol=1e-6)
     finally:
         dist.destroy_process_group()
 

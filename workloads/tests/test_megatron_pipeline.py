@@ -18,16 +18,19 @@ import torch
 import fixtures_lib as FL
 from conftest import REPO
 from mflow_workloads import data as D, shards as S
-from mflow_workloads import megatron_engine as ME
 from mflow_workloads.errors import ConfigError
+from mflow_workloads.megatron import batches as MB, model as MM
 from mflow_workloads.reference import parallel as RP
 
 LAYOUTS = [(2, 2, 1), (1, 2, 2), (1, 4, 1)]  # (tp, pp, dp)
 
 
 def _binary():
-    for cand in (os.environ.get("MFLOW_BIN"), os.path.join(REPO, "target", "release", "mflow"),
-                 os.path.join(REPO, "target", "debug", "mflow")):
+    for cand in (
+        os.environ.get("MFLOW_BIN"),
+        os.path.join(REPO, "target", "release", "mflow"),
+        os.path.join(REPO, "target", "debug", "mflow"),
+    ):
         if cand and os.access(cand, os.X_OK):
             return cand
     return None
@@ -39,28 +42,32 @@ def stage_shards(assets, tmp_path_factory):
     binary = _binary()
     out = {"binary": binary is not None}
     for tied in (False, True):
-        hf = FL.make_hf_model(str(d / f"hf-{tied}"), assets["tok"], layers=4, hidden=64, heads=4, kv_heads=2,
-                              ffn=128, tied=tied, seed=12)
+        hf = FL.make_hf_model(
+            str(d / f"hf-{tied}"), assets["tok"], layers=4, hidden=64, heads=4, kv_heads=2, ffn=128, tied=tied, seed=12
+        )
         for tp, pp in {(t, p) for t, p, _ in LAYOUTS}:
             dst = str(d / f"{tied}-tp{tp}-pp{pp}")
-            out[tied, tp, pp] = (FL.convert_with_binary(hf, dst, tp, "float32", pp=pp, binary=binary) if binary
-                                 else FL.convert_hf_to_shards(hf, dst, tp, pp=pp))
+            out[tied, tp, pp] = (
+                FL.convert_with_binary(hf, dst, tp, "float32", pp=pp, binary=binary)
+                if binary
+                else FL.convert_hf_to_shards(hf, dst, tp, pp=pp)
+            )
     return out
 
 
 def test_layer_split_is_the_converters(stage_shards):
-    assert ME.layers_per_stage(4, 2) == [2, 2] and ME.layers_per_stage(4, 4) == [1] * 4
+    assert MM.layers_per_stage(4, 2) == [2, 2] and MM.layers_per_stage(4, 4) == [1] * 4
     with pytest.raises(ConfigError, match="not divisible"):
-        ME.layers_per_stage(4, 3)
+        MM.layers_per_stage(4, 3)
     for tied in (False, True):
         m = S.read_manifest(stage_shards[tied, 2, 2])
-        ME.check_stage_split(m, 2, 2)
-        assert m["layers_per_stage"] == ME.layers_per_stage(4, 2)
+        MM.check_stage_split(m, 2, 2)
+        assert m["layers_per_stage"] == MM.layers_per_stage(4, 2)
         with pytest.raises(ConfigError, match="tp=2 pp=2"):
-            ME.check_stage_split(m, 2, 1)
+            MM.check_stage_split(m, 2, 1)
         uneven = dict(m, layers_per_stage=[3, 1])
         with pytest.raises(ConfigError, match=r"\[3, 1\]"):
-            ME.check_stage_split(uneven, 2, 2)
+            MM.check_stage_split(uneven, 2, 2)
 
 
 class _Samples:
@@ -82,7 +89,7 @@ def test_dp_ranks_read_the_reference_slices(dp):
     union = []
     for d in range(dp):
         ds = _Samples()
-        it = ME.batches(ds, dp, d, gbs, mbs, start, device="cpu")
+        it = MB.batches(ds, dp, d, gbs, mbs, start, device="cpu")
         for i in range(start, start + iters):
             for m in range(per_rank):
                 b = next(it)
@@ -99,7 +106,7 @@ def test_each_stage_reads_only_what_it_uses():
     seen = {}
     for s in range(pp):
         ds = _Samples()
-        it = ME.batches(ds, 1, 0, gbs, mbs, 0, s, pp, device="cpu")
+        it = MB.batches(ds, 1, 0, gbs, mbs, 0, s, pp, device="cpu")
         seen[s] = [sorted(next(it)) for _ in range(gbs // mbs)], len(ds.read)
     assert seen[0] == ([["position_ids", "tokens"]] * 4, 8)
     assert seen[1] == ([[]] * 4, 0)  # one (empty) micro-batch per schedule step, no reads
@@ -107,11 +114,9 @@ def test_each_stage_reads_only_what_it_uses():
 
 
 def _megatron():
-    try:
-        from megatron.core import parallel_state  # noqa: F401
-        from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - an environment without megatron-core skips
-        pytest.skip(f"megatron-core or torch's fake process group unavailable: {e}")
+    """An environment without megatron-core or torch's fake process group skips."""
+    pytest.importorskip("megatron.core.parallel_state")
+    pytest.importorskip("torch.testing._internal.distributed.fake_pg")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: "tp{}-pp{}-dp{}".format(*x))
@@ -128,23 +133,23 @@ def test_megatron_builds_each_stage_from_its_shard(stage_shards, layout, monkeyp
     for tied in (False, True):
         m = S.read_manifest(stage_shards[tied, tp, pp])
         spec = S.spec_of(m)
-        ME.check_stage_split(m, tp, pp)
+        MM.check_stage_split(m, tp, pp)
         for rank in range(tp * pp * dp):
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=tp * pp * dp)
             try:
                 ps.initialize_model_parallel(tp, pp, create_gloo_process_groups=False)
-                ME.check_megatron_layout(rank, tp, dp, pp)
-                t, d, s = RP.coordinates(rank, tp, dp, pp)
+                MM.check_megatron_layout(rank, tp, dp, pp)
+                t, _, s = RP.coordinates(rank, tp, dp, pp)
                 assert ps.is_rank_in_embedding_group() == (s in (0, pp - 1))
                 if pp > 1 and s in (0, pp - 1):
                     emb = dist.get_process_group_ranks(ps.get_embedding_group())
                     assert emb == next(g for g in RP.group_ranks(tp, dp, pp)["embedding"] if rank in g)
-                config = ME.transformer_config(spec, tp, pp, "fp32")
+                config = MM.transformer_config(spec, tp, pp, "fp32")
                 config.use_cpu_initialization = True
-                model = ME.build_model(spec, config, tp, 32, "sdpa", device="cpu")
+                model = MM.build_model(spec, config, tp, 32, "sdpa", device="cpu")
                 assert (model.pre_process, model.post_process) == (s == 0, s == pp - 1)
-                ME.check_model_stage(model, m, s)
-                ME.load_shard(model, stage_shards[tied, tp, pp], m, t, s)  # strict
+                MM.check_model_stage(model, m, s)
+                MM.load_shard(model, stage_shards[tied, tp, pp], m, t, s)  # strict
                 names = set(model.state_dict())
                 assert ("embedding.word_embeddings.weight" in names) == (s == 0)
                 # Tied and pipelined: the last stage owns a copy of the embedding as its output

@@ -13,7 +13,7 @@ from mflow_workloads.reference import model as RM, parallel as RP
 def _result(proc):
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def test_tp1_tp2_loss_and_grad_norm_agree(assets):

@@ -4,14 +4,13 @@ import json
 import os
 import sys
 
-import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mflow_workloads import data as D, shards as S  # noqa: E402
-from mflow_workloads.reference import model as RM, parallel as RP  # noqa: E402
-from mflow_workloads.reference.trainer import clip_grad_norm  # noqa: E402
+from mflow_workloads import data as D, shards as S
+from mflow_workloads.reference import model as RM, parallel as RP
+from mflow_workloads.reference.trainer import clip_grad_norm
 
 
 def main():

@@ -9,7 +9,9 @@ use crate::{convert as conv, hf, presets};
 pub struct ModelArgs {
     /// hf://ORG/NAME[@REV] | path:DIR | init:PRESET
     pub source: String,
+    /// The directory to write the HF model into (created; must not exist).
     pub dst: PathBuf,
+    /// Seed of the random weights of an init: preset.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
@@ -35,10 +37,14 @@ fn model_impl(args: &ModelArgs) -> Result<(), CkptError> {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConvertArgs {
+    /// An HF model directory, or shards of another layout.
     pub src: PathBuf,
+    /// The directory to write the shards into (created; must not exist).
     pub dst: PathBuf,
+    /// Tensor-parallel size of the shards.
     #[arg(long, default_value_t = 1)]
     pub tp: u32,
+    /// Pipeline-parallel size of the shards.
     #[arg(long, default_value_t = 1)]
     pub pp: u32,
     /// keep (default), float32, bfloat16
@@ -54,7 +60,9 @@ pub fn convert(args: &ConvertArgs) -> miette::Result<()> {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExportArgs {
+    /// Shards to export (any tp x pp).
     pub src: PathBuf,
+    /// The HF model directory to write (created; must not exist).
     pub dst: PathBuf,
 }
 

@@ -10,9 +10,10 @@ use serde_json::Value;
 
 use crate::error::{io, CkptError};
 use crate::hf::{self, copy_tokenizer, dtype_name, INDEX};
-use crate::layout::{compose, hf_tensors, invert, rank_file_name, shard_plan, RankPlan, TensorPlan};
+use crate::layout::{compose, hf_tensors, invert, rank_file_name, shard_plan, Inverse, RankPlan, TensorPlan};
+use crate::memory;
 use crate::shape::check_parallelism;
-use crate::shards::{self, FileEntry, GENERATION_CONFIG, HF_CONFIG, MANIFEST, TOKENIZER_DIR};
+use crate::shards::{self, FileEntry, Then, GENERATION_CONFIG, HF_CONFIG, MANIFEST, TOKENIZER_DIR};
 use crate::untrusted::copy_inside;
 use crate::writer::{non_empty, write_file, Sources, Staging};
 
@@ -32,10 +33,11 @@ pub fn parse_dtype(arg: Option<&str>) -> Result<Option<Dtype>, CkptError> {
 /// Converts `src` (a Hugging Face directory or a shards directory) into shards at `dst`.
 pub fn convert(src: &Path, dst: &Path, tp: u32, pp: u32, dtype: Option<Dtype>) -> Result<(), CkptError> {
     if src.join(MANIFEST).exists() {
-        let old = shards::open(src)?;
+        let mut old = shards::open(src, Then::Reshard { tp, pp })?;
         let shape = old.manifest.model.shape.clone();
-        check_parallelism(&shape, tp, pp)?;
-        let logical = invert(&old.plan, &hf_tensors(&shape)).expect("shard plans cover every tensor");
+        let old_plan = std::mem::take(&mut old.plan);
+        let logical = Inverse::new(invert(&old_plan, &hf_tensors(&shape)).expect("shard plans cover every tensor"));
+        drop(old_plan);
         let mut plan = shard_plan(&shape, tp, pp);
         for rank in &mut plan {
             for t in &mut rank.tensors {
@@ -48,6 +50,8 @@ pub fn convert(src: &Path, dst: &Path, tp: u32, pp: u32, dtype: Option<Dtype>) -
     } else if src.join("config.json").exists() {
         let model = hf::open(src)?;
         check_parallelism(&model.shape, tp, pp)?;
+        let doing = memory::what(&format!("converting to tp = {tp}, pp = {pp}"), &model.shape);
+        memory::check(&src.join("config.json"), doing, memory::convert_need(&model.shape, tp, pp))?;
         let plan = shard_plan(&model.shape, tp, pp);
         let out_dtype = dtype.unwrap_or(model.dtype);
         write_shards(dst, &model.shape, &plan, out_dtype, &model.sources, &model.config, (src, None), src)
@@ -69,14 +73,16 @@ fn write_shards(
     generation_config: &Path,
 ) -> Result<(), CkptError> {
     let staging = Staging::new(dst)?;
-    let total: u64 = plan.iter().flat_map(|r| &r.tensors).map(|t| t.shape.iter().product::<u64>() * dtype.size() as u64).sum();
+    let total: u64 =
+        plan.iter().flat_map(|r| &r.tensors).map(|t| t.shape.iter().product::<u64>() * dtype.size() as u64).sum();
     let progress = Reporter::new("convert", Some(total), "bytes");
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     let files: Vec<FileEntry> = plan
         .par_iter()
         .map(|rank| {
             let name = rank_file_name(rank.tp, rank.pp);
-            let (bytes, blake3) = write_file(&staging.dir.join(&name), &rank.tensors, dtype, &meta, sources, &progress)?;
+            let (bytes, blake3) =
+                write_file(&staging.dir.join(&name), &rank.tensors, dtype, &meta, sources, &progress)?;
             Ok(FileEntry { tp: rank.tp, pp: rank.pp, path: name, bytes, blake3 })
         })
         .collect::<Result<_, CkptError>>()?;
@@ -98,12 +104,14 @@ pub fn export(src: &Path, dst: &Path) -> Result<(), CkptError> {
     if !src.join(MANIFEST).exists() {
         return Err(CkptError::UnknownDir { dir: src.display().to_string() });
     }
-    let sh = shards::open(src)?;
+    let mut sh = shards::open(src, Then::Export)?;
     let shape = &sh.manifest.model.shape;
     let hf = hf_tensors(shape);
-    let pieces = invert(&sh.plan, &hf).expect("shard plans cover every tensor");
-    let tensors: Vec<TensorPlan> =
-        hf.into_iter().map(|(name, shape)| TensorPlan { pieces: pieces[&name].clone(), name, shape }).collect();
+    let mut pieces = invert(&std::mem::take(&mut sh.plan), &hf).expect("shard plans cover every tensor");
+    let tensors: Vec<TensorPlan> = hf
+        .into_iter()
+        .map(|(name, shape)| TensorPlan { pieces: pieces.remove(&name).unwrap_or_default(), name, shape })
+        .collect();
     let e = sh.dtype.size() as u64;
     // Greedy split in state_dict order, as transformers' save_pretrained does.
     let mut groups: Vec<Vec<TensorPlan>> = vec![Vec::new()];
@@ -123,11 +131,18 @@ pub fn export(src: &Path, dst: &Path) -> Result<(), CkptError> {
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     let n = groups.len();
     let names: Vec<String> =
-        (0..n).map(|i| if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", i + 1) }).collect();
-    groups
-        .par_iter()
-        .zip(&names)
-        .try_for_each(|(g, name)| write_file(&staging.dir.join(name), g, sh.dtype, &meta, &sh.sources, &progress).map(|_| ()))?;
+        (0..n)
+            .map(|i| {
+                if n == 1 {
+                    "model.safetensors".to_string()
+                } else {
+                    format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+                }
+            })
+            .collect();
+    groups.par_iter().zip(&names).try_for_each(|(g, name)| {
+        write_file(&staging.dir.join(name), g, sh.dtype, &meta, &sh.sources, &progress).map(|_| ())
+    })?;
     if n > 1 {
         let mut map = serde_json::Map::new();
         for (g, name) in groups.iter().zip(&names) {

@@ -25,7 +25,10 @@ pub enum CkptError {
     Count { file: String, key: String, found: u64, present: String, help: String },
 
     #[error("{file}: `{key}` = {value} is larger than {limit}, the most mflow accepts")]
-    #[diagnostic(code(mflow::ckpt::too_large), help("the file is corrupt or not the model it claims to be; no supported model comes near this"))]
+    #[diagnostic(
+        code(mflow::ckpt::too_large),
+        help("the file is corrupt or not the model it claims to be; no supported model comes near this")
+    )]
     TooLarge { file: String, key: String, value: String, limit: u64 },
 
     #[error("{path}: {source}")]
@@ -36,8 +39,13 @@ pub enum CkptError {
     #[diagnostic(code(mflow::ckpt::config), help("{help}"))]
     Config { file: String, key: String, reason: String, help: String },
 
-    #[error("{dir}: not a Hugging Face model directory or mflow shards directory (no config.json or mflow-checkpoint.json)")]
-    #[diagnostic(code(mflow::ckpt::unknown_dir), help("point at a directory made by `mflow model` or `mflow convert`"))]
+    #[error(
+        "{dir}: not a Hugging Face model directory or mflow shards directory (no config.json or mflow-checkpoint.json)"
+    )]
+    #[diagnostic(
+        code(mflow::ckpt::unknown_dir),
+        help("point at a directory made by `mflow model` or `mflow convert`")
+    )]
     UnknownDir { dir: String },
 
     #[error("{file}: pickle checkpoints are refused")]
@@ -49,7 +57,10 @@ pub enum CkptError {
     NoWeights { dir: String },
 
     #[error("{file}: tensor `{}` is missing", excerpt(.tensor))]
-    #[diagnostic(code(mflow::ckpt::missing_tensor), help("the weights do not match config.json; the checkpoint is incomplete or of another architecture"))]
+    #[diagnostic(
+        code(mflow::ckpt::missing_tensor),
+        help("the weights do not match config.json; the checkpoint is incomplete or of another architecture")
+    )]
     MissingTensor { file: String, tensor: String },
 
     #[error("{file}: unexpected tensor `{}`", excerpt(.tensor))]
@@ -60,16 +71,32 @@ pub enum CkptError {
     #[diagnostic(code(mflow::ckpt::ambiguous_tensor), help("{help}"))]
     Ambiguous { tensor: String, first: String, second: String, help: String },
 
+    #[error("{index}: `weight_map` names {named} for tensor `{}`, but it is in {found}", excerpt(.tensor))]
+    #[diagnostic(
+        code(mflow::ckpt::index_mismatch),
+        help("the index and the weight files disagree, so which one is right is not known; save the model again with transformers' save_pretrained")
+    )]
+    IndexMismatch { index: String, tensor: String, named: String, found: String },
+
     #[error("{file}: tensor `{}` has shape {} but {expected:?} was expected from {reason}", excerpt(.tensor), excerpt_of(&format_args!("{:?}", .found)))]
-    #[diagnostic(code(mflow::ckpt::shape), help("config.json and the weights disagree; fix config.json or use the weights it was written for"))]
+    #[diagnostic(
+        code(mflow::ckpt::shape),
+        help("config.json and the weights disagree; fix config.json or use the weights it was written for")
+    )]
     Shape { file: String, tensor: String, found: Vec<u64>, expected: Vec<u64>, reason: String },
 
     #[error("{file}: tensor `{}` is {found} but the checkpoint is {}", excerpt(.tensor), excerpt(.expected))]
-    #[diagnostic(code(mflow::ckpt::dtype), help("all weights must share one floating-point dtype (float32, bfloat16 or float16)"))]
+    #[diagnostic(
+        code(mflow::ckpt::dtype),
+        help("all weights must share one floating-point dtype (float32, bfloat16 or float16)")
+    )]
     Dtype { file: String, tensor: String, found: String, expected: String },
 
     #[error("{file}: recorded {what} {} but the file has {found}", excerpt(.expected))]
-    #[diagnostic(code(mflow::ckpt::integrity), help("the shards were changed or damaged after they were written; convert again"))]
+    #[diagnostic(
+        code(mflow::ckpt::integrity),
+        help("the shards were changed or damaged after they were written; convert again")
+    )]
     Integrity { file: String, what: String, expected: String, found: String },
 
     #[error("{field} = {value} is not divisible by {by} = {divisor}")]
@@ -85,12 +112,39 @@ pub enum CkptError {
     DtypeArg { value: String },
 
     #[error("unknown model source `{source_spec}`")]
-    #[diagnostic(code(mflow::ckpt::source), help("use hf://ORG/NAME[@REV], path:DIR or init:PRESET (presets: {presets})"))]
+    #[diagnostic(
+        code(mflow::ckpt::source),
+        help("use hf://ORG/NAME[@REV], path:DIR or init:PRESET (presets: {presets})")
+    )]
     Source { source_spec: String, presets: String },
+
+    #[error("{file}: {over}")]
+    #[diagnostic(
+        code(mflow::ckpt::memory),
+        help(
+            "a model or tokenizer of this size is far beyond any real one, so the file is likely corrupt or hostile; \
+             if it is what you meant, set MFLOW_MEMORY_BUDGET to what this machine can hold (e.g. \
+             MFLOW_MEMORY_BUDGET=64GiB; a stage's `env` table passes it to that stage)"
+        )
+    )]
+    OverBudget { file: String, over: Box<mflow_untrusted::budget::OverBudget> },
+
+    #[error("MFLOW_MEMORY_BUDGET = {} is not an amount of memory", excerpt(&format!("{value:?}")))]
+    #[diagnostic(
+        code(mflow::ckpt::memory_budget),
+        help("set it to a number of bytes, with a unit if you like (512MiB, 64GiB), or unset it for half of this machine's memory")
+    )]
+    BudgetSetting { value: String },
 
     #[error("tokenizer: {reason}")]
     #[diagnostic(code(mflow::ckpt::tokenizer), help("this is a bug in the built-in tokenizer training; report it"))]
     Tokenizer { reason: String },
+}
+
+impl From<mflow_untrusted::budget::BadSetting> for CkptError {
+    fn from(e: mflow_untrusted::budget::BadSetting) -> CkptError {
+        CkptError::BudgetSetting { value: e.value }
+    }
 }
 
 pub fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> CkptError + '_ {

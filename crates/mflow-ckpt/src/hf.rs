@@ -1,15 +1,17 @@
 //! Hugging Face model directories: reading config.json and the safetensors weights (single file
 //! or sharded with model.safetensors.index.json), and checking them against each other.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use mflow_untrusted::json::ParseError;
 use rayon::prelude::*;
 use safetensors::Dtype;
 use serde_json::Value;
 
 use crate::error::{io, CkptError};
 use crate::layout::hf_tensors;
+use crate::memory;
 use crate::shape::{from_hf_config, Architecture, ModelShape};
 use crate::st::StFile;
 use crate::untrusted::{copy_inside, excerpt, excerpt_of, read_bounded, resolve_inside};
@@ -23,8 +25,15 @@ const MAX_NAME_BYTES: usize = 255;
 
 pub const INDEX: &str = "model.safetensors.index.json";
 /// Tokenizer files carried along with a model, when present.
-pub const TOKENIZER_FILES: &[&str] =
-    &["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json"];
+pub const TOKENIZER_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+];
 const PICKLE_SUFFIXES: &[&str] = &[".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"];
 
 /// An opened Hugging Face checkpoint.
@@ -36,21 +45,31 @@ pub struct HfModel {
     pub sources: Sources,
 }
 
-/// Reads a JSON file of at most [`MAX_JSON_BYTES`] that must be a regular file.
+/// Reads a JSON file of at most [`MAX_JSON_BYTES`] that must be a regular file, once the memory
+/// budget has agreed to what its value will hold (nested arrays hold a hundred times their
+/// text).
 pub fn read_json(path: &Path) -> Result<Value, CkptError> {
     let bytes = read_bounded(path, MAX_JSON_BYTES)?;
-    serde_json::from_slice(&bytes).map_err(|e| CkptError::Config {
-        file: path.display().to_string(),
-        key: "(document)".into(),
-        reason: format!("not valid JSON: {e}"),
-        help: "fix or regenerate the file".into(),
+    let file = path.display().to_string();
+    mflow_untrusted::json::parse(&bytes).map_err(|e| match e {
+        ParseError::Syntax(e) => CkptError::Config {
+            file,
+            key: "(document)".into(),
+            reason: format!("not valid JSON: {e}"),
+            help: "fix or regenerate the file".into(),
+        },
+        ParseError::Setting(e) => e.into(),
+        ParseError::OverBudget(over) => CkptError::OverBudget { file, over: Box::new(over) },
     })
 }
 
 /// Reads `dir/name`, which must resolve inside `dir`.
 pub fn read_json_in(dir: &Path, name: &str) -> Result<Value, CkptError> {
     let path = dir.join(name);
-    resolve_inside(dir, name)?.ok_or_else(|| CkptError::Io { path: path.display().to_string(), source: std::io::ErrorKind::NotFound.into() })?;
+    resolve_inside(dir, name)?.ok_or_else(|| CkptError::Io {
+        path: path.display().to_string(),
+        source: std::io::ErrorKind::NotFound.into(),
+    })?;
     read_json(&path)
 }
 
@@ -66,33 +85,45 @@ pub fn weight_files(dir: &Path) -> Result<Vec<String>, CkptError> {
     Ok(weight_map(dir)?.0)
 }
 
-/// The weight files, and for a sharded model the file its index names for each tensor.
-fn weight_map(dir: &Path) -> Result<(Vec<String>, HashMap<String, String>), CkptError> {
+/// An index's `weight_map`: tensor -> file.
+type WeightMap = serde_json::Map<String, Value>;
+
+/// The weight files, and for a sharded model its index's `weight_map`, kept as read rather than
+/// copied.
+fn weight_map(dir: &Path) -> Result<(Vec<String>, Option<WeightMap>), CkptError> {
     let index = dir.join(INDEX);
     if index.exists() {
         let v = read_json_in(dir, INDEX)?;
-        let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| CkptError::Config {
-            file: index.display().to_string(),
-            key: "weight_map".into(),
-            reason: "missing or not an object".into(),
-            help: "regenerate the index with transformers' save_pretrained".into(),
-        })?;
-        let mut files = BTreeSet::new();
-        let mut named = HashMap::with_capacity(map.len());
-        for (tensor, f) in map {
-            let name = f.as_str().filter(|n| is_plain_name(n) && n.ends_with(".safetensors")).ok_or_else(|| CkptError::Config {
+        let map = match v {
+            Value::Object(mut o) => o.remove("weight_map"),
+            _ => None,
+        };
+        let Some(Value::Object(map)) = map else {
+            return Err(CkptError::Config {
                 file: index.display().to_string(),
-                key: format!("weight_map.{tensor}"),
-                reason: format!("{} is not a .safetensors file name inside the model directory", excerpt_of(f)),
-                help: "entries must be plain file names such as model-00001-of-00002.safetensors".into(),
+                key: "weight_map".into(),
+                reason: "missing or not an object".into(),
+                help: "regenerate the index with transformers' save_pretrained".into(),
+            });
+        };
+        let mut files = BTreeSet::new();
+        for (tensor, f) in &map {
+            let name = f.as_str().filter(|n| is_plain_name(n) && n.ends_with(".safetensors")).ok_or_else(|| {
+                CkptError::Config {
+                    file: index.display().to_string(),
+                    key: format!("weight_map.{tensor}"),
+                    reason: format!("{} is not a .safetensors file name inside the model directory", excerpt_of(f)),
+                    help: "entries must be plain file names such as model-00001-of-00002.safetensors".into(),
+                }
             })?;
-            files.insert(name.to_string());
-            named.insert(tensor.clone(), name.to_string());
+            if !files.contains(name) {
+                files.insert(name.to_string());
+            }
         }
-        return Ok((files.into_iter().collect(), named));
+        return Ok((files.into_iter().collect(), Some(map)));
     }
     if dir.join("model.safetensors").exists() {
-        return Ok((vec!["model.safetensors".into()], HashMap::new()));
+        return Ok((vec!["model.safetensors".into()], None));
     }
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let name = entry.map_err(io(dir))?.file_name().to_string_lossy().into_owned();
@@ -105,13 +136,20 @@ fn weight_map(dir: &Path) -> Result<(Vec<String>, HashMap<String, String>), Ckpt
 
 /// A file name without directories, so that it cannot escape the model directory.
 pub fn is_plain_name(n: &str) -> bool {
-    !n.is_empty() && n.len() <= MAX_NAME_BYTES && n != "." && n != ".." && !n.contains('/') && !n.contains('\\') && !n.contains('\0')
+    !n.is_empty()
+        && n.len() <= MAX_NAME_BYTES
+        && n != "."
+        && n != ".."
+        && !n.contains('/')
+        && !n.contains('\\')
+        && !n.contains('\0')
 }
 
 /// Tensors that may appear in a Hugging Face checkpoint without being weights mflow moves.
 fn ignorable(shape: &ModelShape, name: &str) -> bool {
     name.ends_with(".rotary_emb.inv_freq")
-        || (shape.architecture == Architecture::Gpt2 && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")))
+        || (shape.architecture == Architecture::Gpt2
+            && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")))
         || (shape.share_embeddings_and_output_weights && name == "lm_head.weight")
 }
 
@@ -127,6 +165,9 @@ fn canonical(shape: &ModelShape, name: &str) -> String {
 pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
     let (config, shape) = read_config(dir)?;
     let (files, named) = weight_map(dir)?;
+    let label = if files.len() == 1 { dir.join(&files[0]) } else { dir.join(INDEX) };
+    // Every header stays in memory while the files are open: their sizes are asked for first.
+    memory::check_headers(dir, &files, &label)?;
     let opened: Vec<StFile> = files
         .par_iter()
         .map(|f| {
@@ -135,7 +176,7 @@ pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
             Ok(StFile::open(&dir.join(f))?)
         })
         .collect::<Result<_, CkptError>>()?;
-    let weights_label = if files.len() == 1 { dir.join(&files[0]) } else { dir.join(INDEX) }.display().to_string();
+    let weights_label = label.display().to_string();
     let mut sources = Sources::default();
     for (i, f) in opened.iter().enumerate() {
         for name in f.header.tensors.keys() {
@@ -144,13 +185,30 @@ pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
             }
             let key = canonical(&shape, name);
             if let Some((j, other)) = sources.index.insert(key.clone(), (i, name.clone())) {
-                return Err(ambiguous(dir, &key, (&files[j], &other), (&files[i], name), &named));
+                return Err(ambiguous(dir, &key, (&files[j], &other), (&files[i], name), named.as_ref()));
             }
+        }
+    }
+    // Copies are told first; then a tensor found elsewhere than the index says means the index
+    // belongs to other files, and which of them is right is not mflow's guess either.
+    for (i, name) in sources.index.values() {
+        if let Some(said) = named.as_ref().and_then(|m| m.get(name)?.as_str()).filter(|s| *s != files[*i]) {
+            return Err(CkptError::IndexMismatch {
+                index: dir.join(INDEX).display().to_string(),
+                tensor: name.clone(),
+                named: dir.join(said).display().to_string(),
+                found: dir.join(&files[*i]).display().to_string(),
+            });
         }
     }
     sources.files = opened;
     // The layer count sizes the whole plan: check it against the weights before planning.
-    check_layer_count(&shape, sources.index.keys().map(String::as_str), &dir.join("config.json").display().to_string(), &weights_label)?;
+    check_layer_count(
+        &shape,
+        sources.index.keys().map(String::as_str),
+        &dir.join("config.json").display().to_string(),
+        &weights_label,
+    )?;
     let expected = hf_tensors(&shape);
     let dtype = check_tensors(&sources, &expected, &weights_label, &dir.join("config.json").display().to_string())?;
     Ok(HfModel { dir: dir.to_path_buf(), config, shape, dtype, sources })
@@ -158,14 +216,26 @@ pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
 
 /// A weight held twice (in two files, or under two spellings of its name in one): which copy
 /// to take is not mflow's guess to make.
-fn ambiguous(dir: &Path, key: &str, first: (&String, &String), second: (&String, &String), named: &HashMap<String, String>) -> CkptError {
+fn ambiguous(
+    dir: &Path,
+    key: &str,
+    first: (&String, &String),
+    second: (&String, &String),
+    named: Option<&WeightMap>,
+) -> CkptError {
     let at = |(file, name): (&String, &String)| {
         let path = dir.join(file).display().to_string();
-        if name == key { path } else { format!("{path} (as `{}`)", excerpt(name)) }
+        if name == key {
+            path
+        } else {
+            format!("{path} (as `{}`)", excerpt(name))
+        }
     };
-    let index = [first.1, second.1].into_iter().find_map(|n| named.get(n));
+    let index = [first.1, second.1].into_iter().find_map(|n| named?.get(n)?.as_str());
     let help = match index {
-        Some(file) => format!("{INDEX} names {file} for it; remove the other copy, or save the model again with save_pretrained"),
+        Some(file) => {
+            format!("{INDEX} names {file} for it; remove the other copy, or save the model again with save_pretrained")
+        }
         None => "remove one of the copies, or save the model again with transformers' save_pretrained".into(),
     };
     CkptError::Ambiguous { tensor: key.to_string(), first: at(first), second: at(second), help }
@@ -180,7 +250,12 @@ fn layer_index(shape: &ModelShape, name: &str) -> Option<u64> {
 
 /// Refuses a config whose layer count differs from the number of layers the weights hold,
 /// before any per-layer plan is made from it.
-fn check_layer_count<'a>(shape: &ModelShape, names: impl Iterator<Item = &'a str>, config: &str, weights: &str) -> Result<(), CkptError> {
+fn check_layer_count<'a>(
+    shape: &ModelShape,
+    names: impl Iterator<Item = &'a str>,
+    config: &str,
+    weights: &str,
+) -> Result<(), CkptError> {
     let layers: BTreeSet<u64> = names.filter_map(|n| layer_index(shape, n)).collect();
     if layers.len() as u64 == shape.num_layers {
         return Ok(());
@@ -197,13 +272,21 @@ fn check_layer_count<'a>(shape: &ModelShape, names: impl Iterator<Item = &'a str
 
 /// Checks that the sources hold exactly the expected tensors with the expected shapes and one
 /// float dtype, which is returned.
-pub fn check_tensors(sources: &Sources, expected: &[(String, Vec<u64>)], label: &str, config_label: &str) -> Result<Dtype, CkptError> {
+pub fn check_tensors(
+    sources: &Sources,
+    expected: &[(String, Vec<u64>)],
+    label: &str,
+    config_label: &str,
+) -> Result<Dtype, CkptError> {
     let wanted: BTreeMap<&str, &Vec<u64>> = expected.iter().map(|(n, s)| (n.as_str(), s)).collect();
     let mut unexpected: Vec<&String> = sources.index.keys().filter(|k| !wanted.contains_key(k.as_str())).collect();
     unexpected.sort();
     if let Some(k) = unexpected.first() {
         let (f, name) = &sources.index[*k];
-        return Err(CkptError::UnexpectedTensor { file: sources.files[*f].path.display().to_string(), tensor: name.clone() });
+        return Err(CkptError::UnexpectedTensor {
+            file: sources.files[*f].path.display().to_string(),
+            tensor: name.clone(),
+        });
     }
     let mut dtype: Option<(Dtype, String)> = None;
     for (name, shape) in expected {
@@ -212,7 +295,12 @@ pub fn check_tensors(sources: &Sources, expected: &[(String, Vec<u64>)], label: 
         };
         let file = f.path.display().to_string();
         if !matches!(meta.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
-            return Err(CkptError::Dtype { file, tensor: name.clone(), found: format!("{:?}", meta.dtype), expected: "a float dtype".into() });
+            return Err(CkptError::Dtype {
+                file,
+                tensor: name.clone(),
+                found: format!("{:?}", meta.dtype),
+                expected: "a float dtype".into(),
+            });
         }
         match &dtype {
             None => dtype = Some((meta.dtype, name.clone())),
@@ -228,8 +316,15 @@ pub fn check_tensors(sources: &Sources, expected: &[(String, Vec<u64>)], label: 
         }
         if &meta.shape != shape {
             let vocab = name.contains("embed_tokens") || name.contains("wte") || name.starts_with("lm_head");
-            let reason = if vocab { format!("vocab_size = {} in {config_label}", shape[0]) } else { config_label.to_string() };
-            return Err(CkptError::Shape { file, tensor: name.clone(), found: meta.shape.clone(), expected: shape.clone(), reason });
+            let reason =
+                if vocab { format!("vocab_size = {} in {config_label}", shape[0]) } else { config_label.to_string() };
+            return Err(CkptError::Shape {
+                file,
+                tensor: name.clone(),
+                found: meta.shape.clone(),
+                expected: shape.clone(),
+                reason,
+            });
         }
     }
     Ok(dtype.map(|d| d.0).unwrap_or(Dtype::F32))

@@ -1,25 +1,37 @@
 //! `hf://ORG/NAME[@REV]`: downloads from the Hugging Face Hub.
 //!
 //! Only safetensors, JSON and tokenizer files are fetched, in parallel, pinned to the commit
-//! the revision resolves to. Partial files are kept in a resume directory (under
-//! `MFLOW_SCRATCH` when the engine provides one) and continued with HTTP Range requests; LFS
-//! files are checked against the sha256 the Hub publishes. The finished files are validated as
-//! a Hugging Face model and then renamed into place. The token is sent, never printed.
+//! the revision resolves to, into the Hugging Face cache ([`cache`]: `HF_HUB_CACHE`, else
+//! `HF_HOME/hub`, else `~/.cache/huggingface/hub`) in the layout transformers uses, so that a
+//! model either downloaded is not downloaded again. A partial blob is continued with HTTP Range
+//! requests; every blob, downloaded or found, is checked against the sha256 (LFS files) or git
+//! blob id the Hub lists. The files are then placed in the destination (hard links where the
+//! file system allows), validated as a Hugging Face model, and renamed into place. A request
+//! that fails in a way that may pass is tried again after a growing, jittered wait ([`retry`]).
+//! The token is sent, never printed.
 //!
 //! Every file is downloaded against the size the Hub lists for it: a file listed without a
 //! size is refused, and so is one larger than `MFLOW_HUB_MAX_FILE_BYTES` (default
 //! [`DEFAULT_MAX_FILE_BYTES`]), so a hostile or broken mirror cannot fill the disk.
 
+pub mod cache;
+pub mod retry;
+
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use miette::Diagnostic;
 use mflow_progress::Reporter;
+use mflow_untrusted::budget::{Budget, Need};
+use mflow_untrusted::json;
+use miette::Diagnostic;
 use rayon::prelude::*;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 use thiserror::Error;
+
+use self::cache::{Check, RepoCache};
+pub use self::retry::Backoff;
 
 use crate::error::{io, CkptError};
 use crate::hf::{is_plain_name, TOKENIZER_FILES};
@@ -28,7 +40,6 @@ use crate::writer::Staging;
 const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 /// Largest API response accepted (the file list of a model repository).
 const MAX_API_BYTES: u64 = 32 << 20;
-const ATTEMPTS: usize = 4;
 /// Largest single file downloaded unless `MFLOW_HUB_MAX_FILE_BYTES` says otherwise; the Hub's
 /// safetensors shards are usually 5 GB or less.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 100_000_000_000;
@@ -37,7 +48,10 @@ const PARALLEL: usize = 8;
 #[derive(Debug, Error, Diagnostic)]
 pub enum HubError {
     #[error("`{source_spec}` is not a Hub model reference")]
-    #[diagnostic(code(mflow::ckpt::hub::source), help("write hf://ORG/NAME or hf://ORG/NAME@REVISION (letters, digits, '.', '_', '-')"))]
+    #[diagnostic(
+        code(mflow::ckpt::hub::source),
+        help("write hf://ORG/NAME or hf://ORG/NAME@REVISION (letters, digits, '.', '_', '-')")
+    )]
     BadSource { source_spec: String },
 
     #[error("{url}: {reason}")]
@@ -45,16 +59,39 @@ pub enum HubError {
     Http { url: String, reason: String },
 
     #[error("{url}: the Hub answered {status}")]
-    #[diagnostic(code(mflow::ckpt::hub::status), help("401/403: set HF_TOKEN to a token that can read this model; 404: check the name and revision"))]
+    #[diagnostic(
+        code(mflow::ckpt::hub::status),
+        help("401/403: set HF_TOKEN to a token that can read this model; 404: check the name and revision")
+    )]
     Status { url: String, status: u16 },
 
     #[error("{url}: unexpected answer: {reason}")]
-    #[diagnostic(code(mflow::ckpt::hub::api), help("HF_ENDPOINT must point at a Hugging Face Hub (or a compatible mirror)"))]
+    #[diagnostic(
+        code(mflow::ckpt::hub::api),
+        help("HF_ENDPOINT must point at a Hugging Face Hub (or a compatible mirror)")
+    )]
     Api { url: String, reason: String },
 
     #[error("{file}: sha256 is {found} but the Hub lists {expected}")]
-    #[diagnostic(code(mflow::ckpt::hub::sha256), help("the download was corrupted or the mirror serves other bytes; run again to download the file afresh"))]
+    #[diagnostic(
+        code(mflow::ckpt::hub::sha256),
+        help("the download was corrupted or the mirror serves other bytes; run again to download the file afresh")
+    )]
     Sha256 { file: String, expected: String, found: String },
+
+    #[error("{file}: git blob id is {found} but the Hub lists {expected}")]
+    #[diagnostic(
+        code(mflow::ckpt::hub::blob_id),
+        help("the download was corrupted or the mirror serves other bytes; run again to download the file afresh")
+    )]
+    BlobId { file: String, expected: String, found: String },
+
+    #[error("{file}: the Hub lists {} as its {what}, which is not a hash", crate::untrusted::excerpt(.value))]
+    #[diagnostic(
+        code(mflow::ckpt::hub::etag),
+        help("HF_ENDPOINT must point at a Hugging Face Hub (or a compatible mirror)")
+    )]
+    BadHash { file: String, what: &'static str, value: String },
 
     #[error("{file}: received {found} bytes but the Hub lists {expected}")]
     #[diagnostic(code(mflow::ckpt::hub::size), help("run again; the partial file is resumed"))]
@@ -65,15 +102,24 @@ pub enum HubError {
     NoSize { file: String },
 
     #[error("{file}: the Hub lists {size} bytes, more than the {limit} accepted")]
-    #[diagnostic(code(mflow::ckpt::hub::too_large), help("raise MFLOW_HUB_MAX_FILE_BYTES if this file is really wanted"))]
+    #[diagnostic(
+        code(mflow::ckpt::hub::too_large),
+        help("raise MFLOW_HUB_MAX_FILE_BYTES if this file is really wanted")
+    )]
     FileTooLarge { file: String, size: u64, limit: u64 },
 
     #[error("MFLOW_HUB_MAX_FILE_BYTES = {value:?} is not a number of bytes")]
-    #[diagnostic(code(mflow::ckpt::hub::max_file_bytes), help("set it to a positive integer, e.g. 200000000000, or unset it for the default"))]
+    #[diagnostic(
+        code(mflow::ckpt::hub::max_file_bytes),
+        help("set it to a positive integer, e.g. 200000000000, or unset it for the default")
+    )]
     MaxFileBytes { value: String },
 
     #[error("{repo}@{revision} has no *.safetensors files")]
-    #[diagnostic(code(mflow::ckpt::hub::no_safetensors), help("mflow only accepts safetensors weights; choose a repository or revision that has them"))]
+    #[diagnostic(
+        code(mflow::ckpt::hub::no_safetensors),
+        help("mflow only accepts safetensors weights; choose a repository or revision that has them")
+    )]
     NoSafetensors { repo: String, revision: String },
 }
 
@@ -82,32 +128,46 @@ pub enum HubError {
 pub struct HubConfig {
     pub endpoint: String,
     pub token: Option<String>,
-    /// Directory for partial downloads; `None` puts it next to the destination.
-    pub resume_root: Option<PathBuf>,
+    /// The Hugging Face cache directory (`cache::dir_from_env`).
+    pub cache: PathBuf,
+    /// How failed requests are tried again.
+    pub retry: Backoff,
     /// Largest file downloaded; larger ones are refused before the download starts.
     pub max_file_bytes: u64,
+    /// What reading the file list may hold (MFLOW_MEMORY_BUDGET).
+    pub memory: Budget,
 }
 
 impl std::fmt::Debug for HubConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The token must never reach logs.
-        f.debug_struct("HubConfig").field("endpoint", &self.endpoint).field("token", &self.token.as_ref().map(|_| "***")).finish()
+        f.debug_struct("HubConfig")
+            .field("endpoint", &self.endpoint)
+            .field("cache", &self.cache)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .finish()
     }
 }
 
 impl HubConfig {
-    /// HF_ENDPOINT, HF_TOKEN, MFLOW_SCRATCH and MFLOW_HUB_MAX_FILE_BYTES from the environment.
-    pub fn from_env() -> Result<HubConfig, HubError> {
+    /// HF_ENDPOINT, HF_TOKEN, the cache (HF_HUB_CACHE, HF_HOME, else MFLOW_SCRATCH),
+    /// MFLOW_HUB_MAX_FILE_BYTES and MFLOW_MEMORY_BUDGET from the environment.
+    pub fn from_env() -> Result<HubConfig, CkptError> {
         let var = |k| std::env::var(k).ok().filter(|v: &String| !v.is_empty());
         let max_file_bytes = match var("MFLOW_HUB_MAX_FILE_BYTES") {
             None => DEFAULT_MAX_FILE_BYTES,
             Some(v) => v.parse().ok().filter(|&n: &u64| n > 0).ok_or(HubError::MaxFileBytes { value: v })?,
         };
+        let memory = Budget::from_env()?;
         Ok(HubConfig {
             endpoint: var("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.into()).trim_end_matches('/').to_string(),
             token: var("HF_TOKEN"),
-            resume_root: var("MFLOW_SCRATCH").map(PathBuf::from),
+            cache: cache::dir_from_env()
+                .or_else(|| var("MFLOW_SCRATCH").map(|s| PathBuf::from(s).join("huggingface").join("hub")))
+                .unwrap_or_else(|| std::env::temp_dir().join("huggingface").join("hub")),
+            retry: Backoff::default(),
             max_file_bytes,
+            memory,
         })
     }
 }
@@ -132,7 +192,9 @@ pub fn parse_source(source: &str) -> Result<(String, String), HubError> {
     let bad = || HubError::BadSource { source_spec: source.into() };
     let rest = source.strip_prefix("hf://").ok_or_else(bad)?;
     let (repo, rev) = rest.split_once('@').unwrap_or((rest, "main"));
-    let ok = |s: &str| !s.is_empty() && s != "." && s != ".." && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    let ok = |s: &str| {
+        !s.is_empty() && s != "." && s != ".." && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    };
     let parts: Vec<&str> = repo.split('/').collect();
     if parts.len() != 2 || !parts.iter().all(|p| ok(p)) || !ok(rev) {
         return Err(bad());
@@ -150,6 +212,9 @@ struct RepoInfo {
 #[derive(Debug, Deserialize)]
 struct Sibling {
     rfilename: String,
+    /// The git blob id: a file's etag in the cache unless it is stored with LFS.
+    #[serde(rename = "blobId")]
+    blob_id: Option<String>,
     size: Option<u64>,
     lfs: Option<Lfs>,
 }
@@ -169,8 +234,10 @@ struct Lfs {
 fn client(cfg: &HubConfig) -> Result<reqwest::blocking::Client, HubError> {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(t) = &cfg.token {
-        let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
-            .map_err(|_| HubError::Api { url: cfg.endpoint.clone(), reason: "HF_TOKEN is not a valid header value".into() })?;
+        let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| HubError::Api {
+            url: cfg.endpoint.clone(),
+            reason: "HF_TOKEN is not a valid header value".into(),
+        })?;
         v.set_sensitive(true);
         headers.insert(reqwest::header::AUTHORIZATION, v);
     }
@@ -183,20 +250,43 @@ fn client(cfg: &HubConfig) -> Result<reqwest::blocking::Client, HubError> {
         .map_err(|e| HubError::Http { url: cfg.endpoint.clone(), reason: e.to_string() })
 }
 
-fn repo_info(cfg: &HubConfig, http: &reqwest::blocking::Client, repo: &str, rev: &str) -> Result<RepoInfo, HubError> {
+fn repo_info(cfg: &HubConfig, http: &reqwest::blocking::Client, repo: &str, rev: &str) -> Result<RepoInfo, CkptError> {
+    cfg.retry.run(|| repo_info_once(cfg, http, repo, rev))
+}
+
+fn repo_info_once(
+    cfg: &HubConfig,
+    http: &reqwest::blocking::Client,
+    repo: &str,
+    rev: &str,
+) -> Result<RepoInfo, CkptError> {
     let url = format!("{}/api/models/{repo}/revision/{rev}?blobs=true", cfg.endpoint);
-    let resp = http.get(&url).send().map_err(|e| HubError::Http { url: url.clone(), reason: e.without_url().to_string() })?;
+    let resp =
+        http.get(&url).send().map_err(|e| HubError::Http { url: url.clone(), reason: e.without_url().to_string() })?;
     if !resp.status().is_success() {
-        return Err(HubError::Status { url, status: resp.status().as_u16() });
+        return Err(HubError::Status { url, status: resp.status().as_u16() }.into());
     }
     let mut body = Vec::new();
-    resp.take(MAX_API_BYTES + 1).read_to_end(&mut body).map_err(|e| HubError::Http { url: url.clone(), reason: e.to_string() })?;
+    resp.take(MAX_API_BYTES + 1)
+        .read_to_end(&mut body)
+        .map_err(|e| HubError::Http { url: url.clone(), reason: e.to_string() })?;
     if body.len() as u64 > MAX_API_BYTES {
-        return Err(HubError::Api { url, reason: format!("response larger than {MAX_API_BYTES} bytes") });
+        return Err(HubError::Api { url, reason: format!("response larger than {MAX_API_BYTES} bytes") }.into());
     }
-    let info: RepoInfo = serde_json::from_slice(&body).map_err(|e| HubError::Api { url: url.clone(), reason: e.to_string() })?;
+    // Only the file list is kept, in typed entries that hold less than a JSON value of the same
+    // text: the value's figure bounds them, and is asked for before they are made.
+    let (_, parts) = json::shape_at(&body, &[&["siblings"]])
+        .map_err(|e| HubError::Api { url: url.clone(), reason: e.to_string() })?;
+    let mut need = Need::new();
+    need.add("its text", body.len() as u64);
+    need.add(format!("the file list: {} values", parts[0].values()), parts[0].value_bytes);
+    cfg.memory
+        .check("reading it", need)
+        .map_err(|over| CkptError::OverBudget { file: url.clone(), over: Box::new(over) })?;
+    let info: RepoInfo =
+        serde_json::from_slice(&body).map_err(|e| HubError::Api { url: url.clone(), reason: e.to_string() })?;
     if info.sha.len() != 40 || !info.sha.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(HubError::Api { url, reason: format!("`sha` {:?} is not a commit id", info.sha) });
+        return Err(HubError::Api { url, reason: format!("`sha` {:?} is not a commit id", info.sha) }.into());
     }
     Ok(info)
 }
@@ -222,7 +312,8 @@ pub fn download(source: &str, dst: &Path) -> Result<(), CkptError> {
 }
 
 fn wanted(name: &str) -> bool {
-    is_plain_name(name) && (name.ends_with(".safetensors") || name.ends_with(".json") || TOKENIZER_FILES.contains(&name))
+    is_plain_name(name)
+        && (name.ends_with(".safetensors") || name.ends_with(".json") || TOKENIZER_FILES.contains(&name))
 }
 
 pub fn download_with(cfg: &HubConfig, source: &str, dst: &Path) -> Result<(), CkptError> {
@@ -233,108 +324,153 @@ pub fn download_with(cfg: &HubConfig, source: &str, dst: &Path) -> Result<(), Ck
     if !files.iter().any(|s| s.rfilename.ends_with(".safetensors")) {
         return Err(HubError::NoSafetensors { repo, revision: rev }.into());
     }
-    // Sizes are known and bounded before any byte is fetched.
+    // Sizes are known and bounded, and hashes are hashes, before any byte is fetched.
+    let mut wants = Vec::new();
     for s in &files {
         let size = s.listed_size().ok_or_else(|| HubError::NoSize { file: s.rfilename.clone() })?;
         if size > cfg.max_file_bytes {
             return Err(HubError::FileTooLarge { file: s.rfilename.clone(), size, limit: cfg.max_file_bytes }.into());
         }
+        wants.push(Want { s, size, etag: etag(s)? });
     }
-    let name = dst.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
-    let resume = match &cfg.resume_root {
-        Some(root) => root.join(format!("hf-download-{}", info.sha)),
-        None => dst.parent().unwrap_or(Path::new(".")).join(format!(".{name}.download-{}", info.sha)),
-    };
-    std::fs::create_dir_all(&resume).map_err(io(&resume))?;
-    let total: u64 = files.iter().filter_map(|s| s.listed_size()).sum();
+    let cache = RepoCache::new(&cfg.cache, &repo);
+    let total: u64 = wants.iter().map(|w| w.size).sum();
     let progress = Reporter::new("download", Some(total), "bytes");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(PARALLEL).build().expect("thread pool");
-    pool.install(|| {
-        files.par_iter().try_for_each(|s| {
-            let url = format!("{}/{repo}/resolve/{}/{}", cfg.endpoint, info.sha, s.rfilename);
-            fetch(&http, &url, &resume, s, &progress)
-        })
+    let blobs: Vec<PathBuf> = pool.install(|| {
+        wants
+            .par_iter()
+            .map(|w| {
+                let url = format!("{}/{repo}/resolve/{}/{}", cfg.endpoint, info.sha, w.s.rfilename);
+                fetch(cfg, &http, &url, &cache, &info.sha, w, &progress)
+            })
+            .collect::<Result<_, CkptError>>()
     })?;
     progress.finish();
+    cache.set_ref(&rev, &info.sha).map_err(io(&cfg.cache))?;
     // Validate the model before it becomes visible.
     let staging = Staging::new(dst)?;
-    for s in &files {
-        let from = resume.join(&s.rfilename);
-        std::fs::rename(&from, staging.dir.join(&s.rfilename)).map_err(io(&from))?;
+    for (w, blob) in wants.iter().zip(&blobs) {
+        cache::place(blob, &staging.dir.join(&w.s.rfilename)).map_err(io(blob))?;
     }
     crate::hf::open(&staging.dir)?;
-    staging.commit()?;
-    let _ = std::fs::remove_dir_all(&resume);
-    Ok(())
+    staging.commit()
 }
 
-/// Downloads one file into `resume/NAME`, continuing `resume/NAME.part` if present.
-fn fetch(http: &reqwest::blocking::Client, url: &str, resume: &Path, s: &Sibling, progress: &Reporter) -> Result<(), CkptError> {
-    let done = resume.join(&s.rfilename);
-    // download_with refused every file without a size.
-    let expected = s.listed_size();
-    if expected.is_none() {
-        return Err(HubError::NoSize { file: s.rfilename.clone() }.into());
+/// A file to fetch: its listing, its size, and its etag with how to check it.
+struct Want<'a> {
+    s: &'a Sibling,
+    size: u64,
+    etag: (Option<String>, Check),
+}
+
+/// The blob name and check of a listed file: an LFS file's sha256, else its git blob id (a
+/// mirror that lists none leaves it to be computed once the file is here).
+fn etag(s: &Sibling) -> Result<(Option<String>, Check), CkptError> {
+    let (value, what, check) = match (&s.lfs, &s.blob_id) {
+        (Some(l), _) => (&l.sha256, "lfs.sha256", Check::Sha256),
+        (None, Some(b)) => (b, "blobId", Check::GitBlob),
+        (None, None) => return Ok((None, Check::GitBlob)),
+    };
+    let lower = value.to_ascii_lowercase();
+    let fits = if check == Check::Sha256 { lower.len() == 64 } else { lower.len() == 40 };
+    if !fits || !cache::is_etag(&lower) {
+        return Err(HubError::BadHash { file: s.rfilename.clone(), what, value: value.clone() }.into());
     }
-    if done.exists() {
-        progress.inc(expected.unwrap_or(0));
-        return Ok(());
+    Ok((Some(lower), check))
+}
+
+/// The bytes of one file counted once however often it is tried: progress moves by what a
+/// file holds beyond the most it held before, so it never reads above its total.
+struct Counted<'a> {
+    progress: &'a Reporter,
+    most: AtomicU64,
+}
+
+impl Counted<'_> {
+    fn at(&self, bytes: u64) {
+        let before = self.most.fetch_max(bytes, Ordering::Relaxed);
+        if bytes > before {
+            self.progress.inc(bytes - before);
+        }
     }
-    let part = resume.join(format!("{}.part", s.rfilename));
-    let mut last_err = None;
-    for _ in 0..ATTEMPTS {
-        match fetch_once(http, url, &part, expected, progress) {
-            Ok(()) => {
-                last_err = None;
-                break;
+}
+
+/// The blob of `w` in the cache, from the cache when it is there and checks out, else
+/// downloaded into it (continuing its `.incomplete` file); its snapshot link made.
+fn fetch(
+    cfg: &HubConfig,
+    http: &reqwest::blocking::Client,
+    url: &str,
+    cache: &RepoCache,
+    commit: &str,
+    w: &Want,
+    progress: &Reporter,
+) -> Result<PathBuf, CkptError> {
+    let name = &w.s.rfilename;
+    let (etag, check) = (&w.etag.0, w.etag.1);
+    // A file without a listed hash is fetched under a name of its own and named by its hash after.
+    let key = etag.clone().unwrap_or_else(|| format!("{commit}.{name}"));
+    let _lock = cache.lock(&key).map_err(io(&cfg.cache))?;
+    let counted = Counted { progress, most: AtomicU64::new(0) };
+    if let Some(etag) = etag {
+        let blob = cache.blob(etag);
+        if std::fs::symlink_metadata(&blob).is_ok_and(|m| m.is_file() && m.len() == w.size) {
+            if cache::digest(&blob, check).map_err(io(&blob))? == *etag {
+                counted.at(w.size);
+                cache.link(commit, name, etag).map_err(io(&blob))?;
+                return Ok(blob);
             }
-            Err(e) => last_err = Some(e),
+            // Someone else's bytes under this name: download it afresh.
+            std::fs::remove_file(&blob).map_err(io(&blob))?;
         }
     }
-    if let Some(e) = last_err {
-        return Err(e);
-    }
-    let got = std::fs::metadata(&part).map_err(io(&part))?.len();
-    if let Some(n) = expected {
-        if got != n {
-            return Err(HubError::Size { file: s.rfilename.clone(), expected: n, found: got }.into());
+    let part = cache.incomplete(&key);
+    cfg.retry.run(|| fetch_once(http, url, &part, w.size, &counted))?;
+    let found = cache::digest(&part, check).map_err(io(&part))?;
+    if let Some(expected) = etag.clone().filter(|e| *e != found) {
+        let _ = std::fs::remove_file(&part);
+        let file = name.clone();
+        return Err(match check {
+            Check::Sha256 => HubError::Sha256 { file, expected, found },
+            Check::GitBlob => HubError::BlobId { file, expected, found },
         }
+        .into());
     }
-    if let Some(lfs) = &s.lfs {
-        let mut h = Sha256::new();
-        let mut f = std::fs::File::open(&part).map_err(io(&part))?;
-        std::io::copy(&mut f, &mut h).map_err(io(&part))?;
-        let found = hex::encode(h.finalize());
-        if !found.eq_ignore_ascii_case(&lfs.sha256) {
-            let _ = std::fs::remove_file(&part);
-            return Err(HubError::Sha256 { file: s.rfilename.clone(), expected: lfs.sha256.clone(), found }.into());
-        }
-    }
-    std::fs::rename(&part, &done).map_err(io(&done))
+    let blob = cache.blob(&found);
+    std::fs::rename(&part, &blob).map_err(io(&blob))?;
+    cache.link(commit, name, &found).map_err(io(&blob))?;
+    Ok(blob)
 }
 
-fn fetch_once(http: &reqwest::blocking::Client, url: &str, part: &Path, expected: Option<u64>, progress: &Reporter) -> Result<(), CkptError> {
+/// One request for the rest of `part`, up to `expected` bytes.
+fn fetch_once(
+    http: &reqwest::blocking::Client,
+    url: &str,
+    part: &Path,
+    expected: u64,
+    counted: &Counted,
+) -> Result<(), CkptError> {
     let have = std::fs::metadata(part).map(|m| m.len()).unwrap_or(0);
-    if Some(have) == expected {
+    counted.at(have.min(expected));
+    if have == expected {
         return Ok(());
     }
     let mut req = http.get(url);
-    if have > 0 {
+    if have > 0 && have < expected {
         req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
     }
     let http_err = |e: reqwest::Error| HubError::Http { url: url.into(), reason: e.without_url().to_string() };
     let mut resp = req.send().map_err(http_err)?;
     let status = resp.status();
-    let append = status == reqwest::StatusCode::PARTIAL_CONTENT;
+    let append = status == reqwest::StatusCode::PARTIAL_CONTENT && have < expected;
     if !status.is_success() {
         return Err(HubError::Status { url: url.into(), status: status.as_u16() }.into());
     }
     // A 200 to a Range request means the server sends the whole file again.
-    let mut out = OpenOptions::new().create(true).write(true).append(append).truncate(!append).open(part).map_err(io(part))?;
+    let mut out =
+        OpenOptions::new().create(true).write(true).append(append).truncate(!append).open(part).map_err(io(part))?;
     let mut written = if append { have } else { 0 };
-    if append {
-        progress.inc(have);
-    }
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = resp.read(&mut buf).map_err(|e| HubError::Http { url: url.into(), reason: e.to_string() })?;
@@ -342,15 +478,15 @@ fn fetch_once(http: &reqwest::blocking::Client, url: &str, part: &Path, expected
             break;
         }
         written += n as u64;
-        if expected.is_some_and(|e| written > e) {
-            return Err(HubError::Size { file: url.into(), expected: expected.unwrap_or(0), found: written }.into());
+        if written > expected {
+            return Err(HubError::Size { file: url.into(), expected, found: written }.into());
         }
         out.write_all(&buf[..n]).map_err(io(part))?;
-        progress.inc(n as u64);
+        counted.at(written);
     }
     out.flush().map_err(io(part))?;
-    match expected {
-        Some(e) if written != e => Err(HubError::Size { file: url.into(), expected: e, found: written }.into()),
-        _ => Ok(()),
+    if written != expected {
+        return Err(HubError::Size { file: url.into(), expected, found: written }.into());
     }
+    Ok(())
 }

@@ -2,11 +2,10 @@
 //!
 //! One mapping is written by hand: how each Megatron per-rank tensor is assembled from blocks of
 //! Hugging Face tensors ([`shard_plan`]). Export inverts it ([`invert`]) and resharding composes
-//! the new plan with the inverse of the old one ([`compose`]). A tensor is viewed as a matrix:
+//! the new plan with the inverse of the old one ([`compose`]); both are in inverse.rs. A tensor is viewed as a matrix:
 //! 2-D tensors as they are, 1-D tensors as one column.
 
-use std::collections::BTreeMap;
-
+pub use crate::inverse::{compose, invert, Inverse};
 use crate::shape::{Architecture, ModelShape};
 
 /// Copies a `rows x cols` block into a destination tensor. With `transpose`,
@@ -110,6 +109,15 @@ pub fn hf_tensors(s: &ModelShape) -> Vec<(String, Vec<u64>)> {
     out
 }
 
+/// How many tensors [`hf_tensors`] lists, without listing them.
+pub fn hf_tensor_count(s: &ModelShape) -> u64 {
+    let (outside, per_layer) = match s.architecture {
+        Architecture::Llama | Architecture::Qwen2 => (2, 9 + 3 * s.add_qkv_bias as u64),
+        Architecture::Gpt2 => (4, 12),
+    };
+    outside + s.num_layers * per_layer + !s.share_embeddings_and_output_weights as u64
+}
+
 /// A run of consecutive rows of the destination taken from one source. With `transposed`, the
 /// rows are columns `first..first+len` of the source (a Conv1D weight stored `[in, out]`).
 struct Rows {
@@ -125,9 +133,19 @@ fn rows(src: &str, first: u64, len: u64) -> Rows {
 
 /// Stacks runs of rows (each `cols` wide) and keeps destination rows `take`.
 fn stack(runs: &[Rows], cols: u64, take: std::ops::Range<u64>) -> Vec<Piece> {
+    stack_from(runs, 0, cols, take)
+}
+
+/// [`stack`] of runs whose first starts at destination row `start` (the runs before it lie
+/// wholly before `take`, and are not made at all: a rank of a fused QKV reads its own groups
+/// only, so that planning every rank costs the groups once, not once per rank).
+fn stack_from(runs: &[Rows], start: u64, cols: u64, take: std::ops::Range<u64>) -> Vec<Piece> {
     let mut out = Vec::new();
-    let mut at = 0;
+    let mut at = start;
     for r in runs {
+        if at >= take.end {
+            break;
+        }
         let lo = at.max(take.start);
         let hi = (at + r.len).min(take.end);
         if lo < hi {
@@ -152,7 +170,16 @@ fn stack(runs: &[Rows], cols: u64, take: std::ops::Range<u64>) -> Vec<Piece> {
 /// Columns `first..first+len` of `src` (rows `0..rows`), optionally read from its transpose.
 fn cols(src: &str, rows: u64, first: u64, len: u64, transposed: bool) -> Vec<Piece> {
     let (src_row, src_col) = if transposed { (first, 0) } else { (0, first) };
-    vec![Piece { src: Some(src.into()), src_row, src_col, dst_row: 0, dst_col: 0, rows, cols: len, transpose: transposed }]
+    vec![Piece {
+        src: Some(src.into()),
+        src_row,
+        src_col,
+        dst_row: 0,
+        dst_col: 0,
+        rows,
+        cols: len,
+        transpose: transposed,
+    }]
 }
 
 fn whole(src: &str, n: u64) -> Vec<Piece> {
@@ -166,7 +193,8 @@ pub fn shard_plan(s: &ModelShape, tp: u32, pp: u32) -> Vec<RankPlan> {
     for p in 0..pp {
         for t in 0..tp {
             let mut tensors = Vec::new();
-            let mut add = |name: String, shape: Vec<u64>, pieces: Vec<Piece>| tensors.push(TensorPlan { name, shape, pieces });
+            let mut add =
+                |name: String, shape: Vec<u64>, pieces: Vec<Piece>| tensors.push(TensorPlan { name, shape, pieces });
             let first = p == 0;
             let last = p == pp - 1;
             if first {
@@ -174,7 +202,11 @@ pub fn shard_plan(s: &ModelShape, tp: u32, pp: u32) -> Vec<RankPlan> {
                 add("embedding.word_embeddings.weight".into(), sh, n);
                 if s.architecture == Architecture::Gpt2 {
                     let (pos, h) = (s.max_position_embeddings, s.hidden_size);
-                    add("embedding.position_embeddings.weight".into(), vec![pos, h], stack(&[rows("transformer.wpe.weight", 0, pos)], h, 0..pos));
+                    add(
+                        "embedding.position_embeddings.weight".into(),
+                        vec![pos, h],
+                        stack(&[rows("transformer.wpe.weight", 0, pos)], h, 0..pos),
+                    );
                 }
             }
             for local in 0..per_stage {
@@ -205,6 +237,67 @@ pub fn shard_plan(s: &ModelShape, tp: u32, pp: u32) -> Vec<RankPlan> {
     plans
 }
 
+/// The size of [`shard_plan`]`(s, tp, pp)`, computed from the shape alone: what planning will
+/// hold, known before any of it is allocated. For a layout that splits the model evenly
+/// ([`crate::check_parallelism`]) the counts are exact; otherwise `pieces` and `slots` are upper
+/// bounds. Tests compare them with the plans themselves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanSize {
+    pub ranks: u64,
+    pub tensors: u64,
+    pub pieces: u64,
+    /// The capacity of the tensors' vectors of pieces, in pieces.
+    pub slots: u64,
+    /// The most tensors in one rank file.
+    pub rank_tensors: u64,
+}
+
+/// The capacity of a vector after `n` pushes.
+fn pushed(n: u64) -> u64 {
+    if n == 0 {
+        0
+    } else {
+        n.checked_next_power_of_two().unwrap_or(u64::MAX).max(4)
+    }
+}
+
+pub fn plan_size(s: &ModelShape, tp: u32, pp: u32) -> PlanSize {
+    let (tp, pp) = (tp.max(1) as u64, pp.max(1) as u64);
+    let layers = s.num_layers;
+    let gpt2 = s.architecture == Architecture::Gpt2;
+    // A fused QKV: a run per q, k and v block of each group (GPT-2: of each head); a rank of an
+    // even split reads whole groups, otherwise a run may be cut in two at a rank boundary.
+    let units = if gpt2 { s.num_attention_heads } else { s.num_query_groups };
+    let even = units.is_multiple_of(tp);
+    let (qkv_rank, qkv_all) =
+        if even { (3 * units / tp, 3 * units) } else { ((3 * units).div_ceil(tp) + 1, 3 * units + tp) };
+    let qkv_count = 1 + (gpt2 || s.add_qkv_bias) as u64;
+    // The other tensors of a layer on a rank, their pieces and the capacity of their vectors
+    // (pushed: at least 4; `cols` makes a vector of one).
+    let (other_tensors, other_pieces, other_slots) = if gpt2 { (10, 10, 34) } else { (5, 6, 14) };
+    let layer_tensors = other_tensors + qkv_count;
+    // A vocabulary matrix: a piece per rank, and one more where the rank holding the last row
+    // also holds padding.
+    let per = s.padded_vocab(tp as u32) / tp;
+    let vocab = tp + (per > 0 && !s.vocab_size.is_multiple_of(per)) as u64;
+    let output = !s.share_embeddings_and_output_weights || pp > 1;
+    // (tensors per rank, pieces over the stage's ranks, slots per rank) of the first and last
+    // stage's own tensors: the embedding and GPT-2's positions; the final norm (and its bias)
+    // and the output layer.
+    let first = (1 + gpt2 as u64, vocab + gpt2 as u64 * tp, 4 + gpt2 as u64 * 4);
+    let last = (
+        1 + gpt2 as u64 + output as u64,
+        (1 + gpt2 as u64) * tp + output as u64 * vocab,
+        4 * (1 + gpt2 as u64 + output as u64),
+    );
+    let tensors = layers * tp * layer_tensors + tp * (first.0 + last.0);
+    let pieces = layers * (tp * other_pieces + qkv_count * qkv_all) + first.1 + last.1;
+    let slots = layers * tp * (other_slots + qkv_count * pushed(qkv_rank)) + tp * (first.2 + last.2);
+    let per_stage = layers / pp;
+    let rank_tensors = per_stage * layer_tensors + if pp == 1 { first.0 + last.0 } else { first.0.max(last.0) };
+    PlanSize { ranks: tp * pp, tensors, pieces, slots, rank_tensors }
+}
+
 fn embed_name(s: &ModelShape) -> &'static str {
     if s.architecture == Architecture::Gpt2 {
         "transformer.wte.weight"
@@ -221,7 +314,8 @@ fn embedding(s: &ModelShape, tp: u32, t: u32) -> (Vec<Piece>, Vec<u64>) {
 fn vocab_rows(s: &ModelShape, tp: u32, t: u32, src: &str) -> (Vec<Piece>, Vec<u64>) {
     let padded = s.padded_vocab(tp);
     let per = padded / tp as u64;
-    let runs = [rows(src, 0, s.vocab_size), Rows { src: None, first: 0, len: padded - s.vocab_size, transposed: false }];
+    let runs =
+        [rows(src, 0, s.vocab_size), Rows { src: None, first: 0, len: padded - s.vocab_size, transposed: false }];
     let take = t as u64 * per..(t as u64 + 1) * per;
     (stack(&runs, s.hidden_size, take), vec![per, s.hidden_size])
 }
@@ -230,6 +324,45 @@ fn vocab_rows(s: &ModelShape, tp: u32, t: u32, src: &str) -> (Vec<Piece>, Vec<u6
 fn part(total: u64, tp: u64, t: u64) -> std::ops::Range<u64> {
     let n = total / tp;
     t * n..(t + 1) * n
+}
+
+/// The runs of a Llama or Qwen2 fused QKV (`a`: the layer's `self_attn.` prefix) that rows
+/// `take` reach, and the row the first of them starts at. Per KV group g: [q heads of g; k_g;
+/// v_g] (Megatron's fused QKV layout); the groups before `take` are not made at all.
+fn grouped_qkv(s: &ModelShape, a: &str, suffix: &str, take: &std::ops::Range<u64>) -> (Vec<Rows>, u64) {
+    let (hd, r) = (s.kv_channels, s.heads_per_group());
+    let group = (r + 2) * hd;
+    let groups = take.start / group..take.end.div_ceil(group).min(s.num_query_groups);
+    let (q, k, v) = (format!("{a}q_proj.{suffix}"), format!("{a}k_proj.{suffix}"), format!("{a}v_proj.{suffix}"));
+    let mut runs = Vec::new();
+    for g in groups.clone() {
+        runs.push(rows(&q, g * r * hd, r * hd));
+        runs.push(rows(&k, g * hd, hd));
+        runs.push(rows(&v, g * hd, hd));
+    }
+    (runs, groups.start * group)
+}
+
+/// The runs of a GPT-2 fused QKV (`p`: the layer's prefix) that rows `take` reach, and the row
+/// the first of them starts at. Conv1D stores [in, out]; Megatron wants [out, in], per head
+/// [q_h; k_h; v_h].
+fn per_head_qkv(
+    s: &ModelShape,
+    p: &str,
+    suffix: &str,
+    transposed: bool,
+    take: &std::ops::Range<u64>,
+) -> (Vec<Rows>, u64) {
+    let (h, hd) = (s.hidden_size, s.kv_channels);
+    let heads = take.start / (3 * hd)..take.end.div_ceil(3 * hd).min(s.num_attention_heads);
+    let src = format!("{p}attn.c_attn.{suffix}");
+    let mut runs = Vec::new();
+    for head in heads.clone() {
+        for block in 0..3 {
+            runs.push(Rows { src: Some(src.clone()), first: block * h + head * hd, len: hd, transposed });
+        }
+    }
+    (runs, heads.start * 3 * hd)
 }
 
 fn layer(s: &ModelShape, tp: u64, t: u64, i: u64) -> Vec<(String, Vec<u64>, Vec<Piece>)> {
@@ -244,44 +377,49 @@ fn layer(s: &ModelShape, tp: u64, t: u64, i: u64) -> Vec<(String, Vec<u64>, Vec<
         Architecture::Llama | Architecture::Qwen2 => {
             let p = format!("model.layers.{i}.");
             let a = format!("{p}self_attn.");
-            // Per KV group g: [q heads of g; k_g; v_g] (Megatron's fused QKV layout).
-            let qkv_runs = |suffix: &str| -> Vec<Rows> {
-                let r = s.heads_per_group();
-                let mut runs = Vec::new();
-                for g in 0..s.num_query_groups {
-                    runs.push(rows(&format!("{a}q_proj.{suffix}"), g * r * hd, r * hd));
-                    runs.push(rows(&format!("{a}k_proj.{suffix}"), g * hd, hd));
-                    runs.push(rows(&format!("{a}v_proj.{suffix}"), g * hd, hd));
-                }
-                runs
-            };
+            let qkv_runs = |suffix: &str| grouped_qkv(s, &a, suffix, &take);
             out.push(("input_layernorm.weight".into(), vec![h], whole(&format!("{p}input_layernorm.weight"), h)));
-            out.push(("self_attention.linear_qkv.weight".into(), vec![qkv_rows / tp, h], stack(&qkv_runs("weight"), h, take.clone())));
+            let (runs, start) = qkv_runs("weight");
+            out.push((
+                "self_attention.linear_qkv.weight".into(),
+                vec![qkv_rows / tp, h],
+                stack_from(&runs, start, h, take.clone()),
+            ));
             if s.add_qkv_bias {
-                out.push(("self_attention.linear_qkv.bias".into(), vec![qkv_rows / tp], stack(&qkv_runs("bias"), 1, take)));
+                let (runs, start) = qkv_runs("bias");
+                out.push((
+                    "self_attention.linear_qkv.bias".into(),
+                    vec![qkv_rows / tp],
+                    stack_from(&runs, start, 1, take),
+                ));
             }
             let qc = part(q, tp, t);
-            out.push(("self_attention.linear_proj.weight".into(), vec![h, q / tp], cols(&format!("{a}o_proj.weight"), h, qc.start, q / tp, false)));
-            out.push(("pre_mlp_layernorm.weight".into(), vec![h], whole(&format!("{p}post_attention_layernorm.weight"), h)));
+            out.push((
+                "self_attention.linear_proj.weight".into(),
+                vec![h, q / tp],
+                cols(&format!("{a}o_proj.weight"), h, qc.start, q / tp, false),
+            ));
+            out.push((
+                "pre_mlp_layernorm.weight".into(),
+                vec![h],
+                whole(&format!("{p}post_attention_layernorm.weight"), h),
+            ));
             // fc1 on rank t is [gate_t; up_t], not a chunk of [gate; up].
             let fr = part(ff, tp, t);
-            let fc1 = [rows(&format!("{p}mlp.gate_proj.weight"), fr.start, ff / tp), rows(&format!("{p}mlp.up_proj.weight"), fr.start, ff / tp)];
+            let fc1 = [
+                rows(&format!("{p}mlp.gate_proj.weight"), fr.start, ff / tp),
+                rows(&format!("{p}mlp.up_proj.weight"), fr.start, ff / tp),
+            ];
             out.push(("mlp.linear_fc1.weight".into(), vec![2 * ff / tp, h], stack(&fc1, h, 0..2 * ff / tp)));
-            out.push(("mlp.linear_fc2.weight".into(), vec![h, ff / tp], cols(&format!("{p}mlp.down_proj.weight"), h, fr.start, ff / tp, false)));
+            out.push((
+                "mlp.linear_fc2.weight".into(),
+                vec![h, ff / tp],
+                cols(&format!("{p}mlp.down_proj.weight"), h, fr.start, ff / tp, false),
+            ));
         }
         Architecture::Gpt2 => {
             let p = format!("transformer.h.{i}.");
-            // Conv1D stores [in, out]; Megatron wants [out, in], per head [q_h; k_h; v_h].
-            let qkv_runs = |suffix: &str, transposed: bool| -> Vec<Rows> {
-                let src = format!("{p}attn.c_attn.{suffix}");
-                let mut runs = Vec::new();
-                for head in 0..s.num_attention_heads {
-                    for block in 0..3 {
-                        runs.push(Rows { src: Some(src.clone()), first: block * h + head * hd, len: hd, transposed });
-                    }
-                }
-                runs
-            };
+            let qkv_runs = |suffix: &str, transposed: bool| per_head_qkv(s, &p, suffix, transposed, &take);
             let fr = part(ff, tp, t);
             let norm = |dst: &str, src: &str| {
                 [
@@ -290,16 +428,35 @@ fn layer(s: &ModelShape, tp: u64, t: u64, i: u64) -> Vec<(String, Vec<u64>, Vec<
                 ]
             };
             out.extend(norm("input_layernorm", "ln_1"));
-            out.push(("self_attention.linear_qkv.weight".into(), vec![qkv_rows / tp, h], stack(&qkv_runs("weight", true), h, take.clone())));
-            out.push(("self_attention.linear_qkv.bias".into(), vec![qkv_rows / tp], stack(&qkv_runs("bias", false), 1, take)));
+            let (runs, start) = qkv_runs("weight", true);
+            out.push((
+                "self_attention.linear_qkv.weight".into(),
+                vec![qkv_rows / tp, h],
+                stack_from(&runs, start, h, take.clone()),
+            ));
+            let (runs, start) = qkv_runs("bias", false);
+            out.push(("self_attention.linear_qkv.bias".into(), vec![qkv_rows / tp], stack_from(&runs, start, 1, take)));
             let qc = part(q, tp, t);
-            out.push(("self_attention.linear_proj.weight".into(), vec![h, q / tp], cols(&format!("{p}attn.c_proj.weight"), h, qc.start, q / tp, true)));
+            out.push((
+                "self_attention.linear_proj.weight".into(),
+                vec![h, q / tp],
+                cols(&format!("{p}attn.c_proj.weight"), h, qc.start, q / tp, true),
+            ));
             out.push(("self_attention.linear_proj.bias".into(), vec![h], whole(&format!("{p}attn.c_proj.bias"), h)));
             out.extend(norm("pre_mlp_layernorm", "ln_2"));
-            let fc_runs = [Rows { src: Some(format!("{p}mlp.c_fc.weight")), first: fr.start, len: ff / tp, transposed: true }];
+            let fc_runs =
+                [Rows { src: Some(format!("{p}mlp.c_fc.weight")), first: fr.start, len: ff / tp, transposed: true }];
             out.push(("mlp.linear_fc1.weight".into(), vec![ff / tp, h], stack(&fc_runs, h, 0..ff / tp)));
-            out.push(("mlp.linear_fc1.bias".into(), vec![ff / tp], stack(&[rows(&format!("{p}mlp.c_fc.bias"), fr.start, ff / tp)], 1, 0..ff / tp)));
-            out.push(("mlp.linear_fc2.weight".into(), vec![h, ff / tp], cols(&format!("{p}mlp.c_proj.weight"), h, fr.start, ff / tp, true)));
+            out.push((
+                "mlp.linear_fc1.bias".into(),
+                vec![ff / tp],
+                stack(&[rows(&format!("{p}mlp.c_fc.bias"), fr.start, ff / tp)], 1, 0..ff / tp),
+            ));
+            out.push((
+                "mlp.linear_fc2.weight".into(),
+                vec![h, ff / tp],
+                cols(&format!("{p}mlp.c_proj.weight"), h, fr.start, ff / tp, true),
+            ));
             out.push(("mlp.linear_fc2.bias".into(), vec![h], whole(&format!("{p}mlp.c_proj.bias"), h)));
         }
     }
@@ -309,87 +466,4 @@ fn layer(s: &ModelShape, tp: u64, t: u64, i: u64) -> Vec<(String, Vec<u64>, Vec<
 /// Source key of a rank tensor, used when rank tensors are the sources (export, reshard).
 pub fn rank_key(tp: u32, pp: u32, name: &str) -> String {
     format!("{tp}/{pp}/{name}")
-}
-
-/// Turns a shard plan around: for every Hugging Face tensor, the pieces of rank tensors (keyed
-/// by [`rank_key`]) that hold it. Replicated copies are read once. Returns an error message if
-/// some element is not covered, which would be a bug in [`shard_plan`].
-pub fn invert(plans: &[RankPlan], hf: &[(String, Vec<u64>)]) -> Result<BTreeMap<String, Vec<Piece>>, String> {
-    let mut by_src: BTreeMap<&str, Vec<Piece>> = BTreeMap::new();
-    for rank in plans {
-        for t in &rank.tensors {
-            let key = rank_key(rank.tp, rank.pp, &t.name);
-            for p in &t.pieces {
-                let Some(src) = &p.src else { continue };
-                let (rows, cols) = if p.transpose { (p.cols, p.rows) } else { (p.rows, p.cols) };
-                let inv = Piece {
-                    src: Some(key.clone()),
-                    src_row: p.dst_row,
-                    src_col: p.dst_col,
-                    dst_row: p.src_row,
-                    dst_col: p.src_col,
-                    rows,
-                    cols,
-                    transpose: p.transpose,
-                };
-                let kept = by_src.entry(src.as_str()).or_default();
-                let same_rect = |k: &Piece| k.dst_row == inv.dst_row && k.dst_col == inv.dst_col && k.rows == inv.rows && k.cols == inv.cols;
-                if !kept.iter().any(same_rect) {
-                    kept.push(inv);
-                }
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    for (name, shape) in hf {
-        let pieces = by_src.remove(name.as_str()).unwrap_or_default();
-        let (r, c) = matrix(shape);
-        let area: u64 = pieces.iter().map(|p| p.rows * p.cols).sum();
-        if area != r * c {
-            return Err(format!("tensor {name}: plan covers {area} of {} elements", r * c));
-        }
-        out.insert(name.clone(), pieces);
-    }
-    Ok(out)
-}
-
-/// Rewrites a piece that reads a logical tensor into pieces that read that tensor's own sources.
-pub fn compose(p: &Piece, logical: &BTreeMap<String, Vec<Piece>>) -> Vec<Piece> {
-    let Some(src) = &p.src else { return vec![p.clone()] };
-    let Some(defs) = logical.get(src) else { return Vec::new() };
-    // The region of the logical tensor that `p` reads, in logical coordinates.
-    let (lr, lc) = if p.transpose { (p.cols, p.rows) } else { (p.rows, p.cols) };
-    let mut out = Vec::new();
-    for q in defs {
-        let r0 = p.src_row.max(q.dst_row);
-        let r1 = (p.src_row + lr).min(q.dst_row + q.rows);
-        let c0 = p.src_col.max(q.dst_col);
-        let c1 = (p.src_col + lc).min(q.dst_col + q.cols);
-        if r0 >= r1 || c0 >= c1 {
-            continue;
-        }
-        // Position of the overlap inside p's destination.
-        let (dr, dc, rows, cols) = if p.transpose {
-            (p.dst_row + (c0 - p.src_col), p.dst_col + (r0 - p.src_row), c1 - c0, r1 - r0)
-        } else {
-            (p.dst_row + (r0 - p.src_row), p.dst_col + (c0 - p.src_col), r1 - r0, c1 - c0)
-        };
-        // Position of the overlap inside q's source.
-        let (sr, sc) = if q.transpose {
-            (q.src_row + (c0 - q.dst_col), q.src_col + (r0 - q.dst_row))
-        } else {
-            (q.src_row + (r0 - q.dst_row), q.src_col + (c0 - q.dst_col))
-        };
-        out.push(Piece {
-            src: q.src.clone(),
-            src_row: sr,
-            src_col: sc,
-            dst_row: dr,
-            dst_col: dc,
-            rows,
-            cols,
-            transpose: p.transpose != q.transpose,
-        });
-    }
-    out
 }

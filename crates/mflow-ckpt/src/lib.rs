@@ -8,7 +8,9 @@ pub mod convert;
 pub mod error;
 pub mod hf;
 pub mod hub;
+mod inverse;
 pub mod layout;
+pub mod memory;
 pub mod presets;
 pub mod shape;
 pub mod shards;
@@ -43,3 +45,7 @@ pub fn read_shape(dir: &Path) -> Result<ModelShape, CkptError> {
         Err(CkptError::UnknownDir { dir: dir.display().to_string() })
     }
 }
+
+#[cfg(test)]
+#[global_allocator]
+static COUNTING: mflow_untrusted::counting::Counting = mflow_untrusted::counting::Counting;

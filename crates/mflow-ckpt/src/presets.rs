@@ -212,7 +212,8 @@ pub fn write(p: &Preset, dst: &Path, seed: u64) -> Result<(), CkptError> {
 
 fn write_weights(p: &Preset, path: &Path, seed: u64) -> Result<(), CkptError> {
     let tensors = hf_tensors(&p.shape);
-    let entries: Vec<HeaderEntry> = tensors.iter().map(|(n, s)| HeaderEntry { name: n, dtype: p.dtype, shape: s }).collect();
+    let entries: Vec<HeaderEntry> =
+        tensors.iter().map(|(n, s)| HeaderEntry { name: n, dtype: p.dtype, shape: s }).collect();
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     let (header, _) = build_header(&entries, &meta);
     let total: u64 = tensors.iter().map(|(_, s)| s.iter().product::<u64>() * p.dtype.size() as u64).sum();

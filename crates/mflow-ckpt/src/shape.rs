@@ -121,11 +121,17 @@ impl ModelShape {
                 return Err(config_err(file, key, "is 0; it must be at least 1".into()));
             }
             if value > limit {
-                return Err(CkptError::TooLarge { file: file.into(), key: key.into(), value: value.to_string(), limit });
+                return Err(CkptError::TooLarge {
+                    file: file.into(),
+                    key: key.into(),
+                    value: value.to_string(),
+                    limit,
+                });
             }
         }
         if !self.num_attention_heads.is_multiple_of(self.num_query_groups) {
-            let reason = format!("{} does not divide num_attention_heads = {}", self.num_query_groups, self.num_attention_heads);
+            let reason =
+                format!("{} does not divide num_attention_heads = {}", self.num_query_groups, self.num_attention_heads);
             return Err(config_err(file, "num_query_groups", reason));
         }
         let floats = [
@@ -144,7 +150,11 @@ impl ModelShape {
         ];
         for (key, value, allowed) in choices {
             if !allowed.contains(&value) {
-                return Err(config_err(file, key, format!("`{}` is not one of {}", excerpt(value), allowed.join(", "))));
+                return Err(config_err(
+                    file,
+                    key,
+                    format!("`{}` is not one of {}", excerpt(value), allowed.join(", ")),
+                ));
             }
         }
         Ok(())
@@ -152,7 +162,12 @@ impl ModelShape {
 }
 
 fn config_err(file: &str, key: &str, reason: String) -> CkptError {
-    CkptError::Config { file: file.into(), key: key.into(), reason, help: "fix the value; it cannot describe a real model".into() }
+    CkptError::Config {
+        file: file.into(),
+        key: key.into(),
+        reason,
+        help: "fix the value; it cannot describe a real model".into(),
+    }
 }
 
 /// A float must be finite, greater than 0 and at most `max`.
@@ -160,7 +175,11 @@ fn check_float(file: &str, key: &str, value: f64, max: f64) -> Result<(), CkptEr
     if value.is_finite() && value > 0.0 && value <= max {
         Ok(())
     } else {
-        let range = if max == f64::MAX { "a finite number greater than 0".to_string() } else { format!("a number in (0, {max}]") };
+        let range = if max == f64::MAX {
+            "a finite number greater than 0".to_string()
+        } else {
+            format!("a number in (0, {max}]")
+        };
         Err(config_err(file, key, format!("is {value}; it must be {range}")))
     }
 }
@@ -205,14 +224,22 @@ pub fn check_parallelism(shape: &ModelShape, tp: u32, pp: u32) -> Result<(), Ckp
 pub fn from_hf_config(file: &str, cfg: &Value) -> Result<ModelShape, CkptError> {
     let c = Cfg { file, v: cfg };
     if !cfg.is_object() {
-        return Err(c.err("(document)", format!("expected a JSON object, found {}", excerpt_of(cfg)), "fix config.json"));
+        return Err(c.err(
+            "(document)",
+            format!("expected a JSON object, found {}", excerpt_of(cfg)),
+            "fix config.json",
+        ));
     }
     let model_type = c.str("model_type")?;
     let shape = match model_type.as_str() {
         "llama" => llama_like(&c, Architecture::Llama),
         "qwen2" => llama_like(&c, Architecture::Qwen2),
         "gpt2" => gpt2(&c),
-        other => Err(c.err("model_type", format!("architecture `{}` is not supported", excerpt(other)), "supported: llama, qwen2, gpt2")),
+        other => Err(c.err(
+            "model_type",
+            format!("architecture `{}` is not supported", excerpt(other)),
+            "supported: llama, qwen2, gpt2",
+        )),
     }?;
     // Backstop for what the per-key checks do not cover; names Megatron's field.
     shape.validate(file)?;
@@ -233,14 +260,15 @@ impl Cfg<'_> {
     }
     fn u64(&self, key: &str) -> Result<u64, CkptError> {
         let n = match self.get(key) {
-            Some(v) => v
-                .as_u64()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| self.err(key, format!("expected a positive integer, found {}", excerpt_of(v)), "fix config.json"))?,
+            Some(v) => v.as_u64().filter(|&n| n > 0).ok_or_else(|| {
+                self.err(key, format!("expected a positive integer, found {}", excerpt_of(v)), "fix config.json")
+            })?,
             None => return Err(self.err(key, "missing".into(), "config.json must set this field")),
         };
         match hf_bound(key) {
-            Some(limit) if n > limit => Err(CkptError::TooLarge { file: self.file.into(), key: key.into(), value: n.to_string(), limit }),
+            Some(limit) if n > limit => {
+                Err(CkptError::TooLarge { file: self.file.into(), key: key.into(), value: n.to_string(), limit })
+            }
             _ => Ok(n),
         }
     }
@@ -261,12 +289,18 @@ impl Cfg<'_> {
     fn positive(&self, key: &str, v: &Value) -> Result<f64, CkptError> {
         match v.as_f64() {
             Some(x) if x.is_finite() && x > 0.0 => Ok(x),
-            _ => Err(self.err(key, format!("expected a finite number greater than 0, found {}", excerpt_of(v)), "fix config.json")),
+            _ => Err(self.err(
+                key,
+                format!("expected a finite number greater than 0, found {}", excerpt_of(v)),
+                "fix config.json",
+            )),
         }
     }
     fn bool_or(&self, key: &str, default: bool) -> Result<bool, CkptError> {
         match self.get(key) {
-            Some(v) => v.as_bool().ok_or_else(|| self.err(key, format!("expected true or false, found {}", excerpt_of(v)), "fix config.json")),
+            Some(v) => v.as_bool().ok_or_else(|| {
+                self.err(key, format!("expected true or false, found {}", excerpt_of(v)), "fix config.json")
+            }),
             None => Ok(default),
         }
     }
@@ -281,7 +315,11 @@ impl Cfg<'_> {
         if ok {
             Ok(())
         } else {
-            Err(self.err(key, reason.into(), "Megatron-Core's local layer spec cannot express this; use a model without it"))
+            Err(self.err(
+                key,
+                reason.into(),
+                "Megatron-Core's local layer spec cannot express this; use a model without it",
+            ))
         }
     }
 }
@@ -291,20 +329,36 @@ fn llama_like(c: &Cfg, arch: Architecture) -> Result<ModelShape, CkptError> {
     let heads = c.u64("num_attention_heads")?;
     let groups = c.u64_or("num_key_value_heads", heads)?;
     if heads % groups != 0 {
-        return Err(c.err("num_key_value_heads", format!("{groups} does not divide num_attention_heads = {heads}"), "fix config.json"));
+        return Err(c.err(
+            "num_key_value_heads",
+            format!("{groups} does not divide num_attention_heads = {heads}"),
+            "fix config.json",
+        ));
     }
     if hidden % heads != 0 && c.get("head_dim").is_none() {
-        return Err(c.err("hidden_size", format!("{hidden} is not divisible by num_attention_heads = {heads}"), "set head_dim"));
+        return Err(c.err(
+            "hidden_size",
+            format!("{hidden} is not divisible by num_attention_heads = {heads}"),
+            "set head_dim",
+        ));
     }
     let act = c.get("hidden_act").and_then(Value::as_str).unwrap_or("silu");
     c.require("hidden_act", act == "silu", &format!("activation `{}` is not supported (only silu)", excerpt(act)))?;
     match arch {
         Architecture::Llama => {
-            c.require("attention_bias", !c.bool_or("attention_bias", false)?, "attention biases are not supported for llama")?;
+            c.require(
+                "attention_bias",
+                !c.bool_or("attention_bias", false)?,
+                "attention biases are not supported for llama",
+            )?;
             c.require("mlp_bias", !c.bool_or("mlp_bias", false)?, "MLP biases are not supported for llama")?;
         }
         _ => {
-            c.require("use_sliding_window", !c.bool_or("use_sliding_window", false)?, "sliding-window attention is not supported")?;
+            c.require(
+                "use_sliding_window",
+                !c.bool_or("use_sliding_window", false)?,
+                "sliding-window attention is not supported",
+            )?;
         }
     }
     let (theta, scaling) = rope(c)?;
@@ -351,7 +405,8 @@ fn rope(c: &Cfg) -> Result<(f64, Option<f64>), CkptError> {
         "default" => Ok((theta, None)),
         "llama3" => {
             // Megatron-Core hard-codes these three; only the factor is configurable.
-            let fixed = [("low_freq_factor", 1.0), ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192.0)];
+            let fixed =
+                [("low_freq_factor", 1.0), ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192.0)];
             for (name, want) in fixed {
                 let got = p.get(name).and_then(Value::as_f64);
                 if got != Some(want) {
@@ -367,7 +422,11 @@ fn rope(c: &Cfg) -> Result<(f64, Option<f64>), CkptError> {
                 None => Err(c.err(&format!("{key}.factor"), "missing".into(), "llama3 rope scaling needs a factor")),
             }
         }
-        other => Err(c.err(&format!("{key}.rope_type"), format!("rope type `{}` is not supported", excerpt(other)), "supported: default, llama3")),
+        other => Err(c.err(
+            &format!("{key}.rope_type"),
+            format!("rope type `{}` is not supported", excerpt(other)),
+            "supported: default, llama3",
+        )),
     }
 }
 
@@ -378,8 +437,16 @@ fn gpt2(c: &Cfg) -> Result<ModelShape, CkptError> {
         return Err(c.err("n_embd", format!("{hidden} is not divisible by n_head = {heads}"), "fix config.json"));
     }
     let act = c.get("activation_function").and_then(Value::as_str).unwrap_or("gelu_new");
-    c.require("activation_function", matches!(act, "gelu_new" | "gelu_pytorch_tanh"), &format!("activation `{}` is not supported (only gelu_new)", excerpt(act)))?;
-    c.require("scale_attn_by_inverse_layer_idx", !c.bool_or("scale_attn_by_inverse_layer_idx", false)?, "per-layer attention scaling is not supported")?;
+    c.require(
+        "activation_function",
+        matches!(act, "gelu_new" | "gelu_pytorch_tanh"),
+        &format!("activation `{}` is not supported (only gelu_new)", excerpt(act)),
+    )?;
+    c.require(
+        "scale_attn_by_inverse_layer_idx",
+        !c.bool_or("scale_attn_by_inverse_layer_idx", false)?,
+        "per-layer attention scaling is not supported",
+    )?;
     c.require("scale_attn_weights", c.bool_or("scale_attn_weights", true)?, "unscaled attention is not supported")?;
     c.require("add_cross_attention", !c.bool_or("add_cross_attention", false)?, "cross attention is not supported")?;
     Ok(ModelShape {

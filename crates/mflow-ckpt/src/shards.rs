@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::error::{io, CkptError};
 use crate::hf::{dtype_from_name, read_json_in};
 use crate::layout::{rank_file_name, rank_key, shard_plan, RankPlan};
+use crate::memory;
 use crate::shape::{check_parallelism, ModelShape};
 use crate::st::StFile;
 use crate::untrusted::{excerpt, resolve_inside};
@@ -67,7 +68,12 @@ pub struct Shards {
 }
 
 fn bad(file: &Path, key: &str, reason: String) -> CkptError {
-    CkptError::Config { file: file.display().to_string(), key: key.into(), reason, help: "regenerate the shards with `mflow convert`".into() }
+    CkptError::Config {
+        file: file.display().to_string(),
+        key: key.into(),
+        reason,
+        help: "regenerate the shards with `mflow convert`".into(),
+    }
 }
 
 pub fn read_manifest(dir: &Path) -> Result<Manifest, CkptError> {
@@ -108,55 +114,67 @@ fn check_counts(path: &Path, m: &Manifest) -> Result<(), CkptError> {
         return Err(bad(path, "files", format!("lists {} files but tp * pp = {ranks}", m.files.len())));
     }
     if m.layers_per_stage.len() as u64 != m.pp as u64 {
-        return Err(bad(path, "layers_per_stage", format!("has {} entries but pp = {}", m.layers_per_stage.len(), m.pp)));
+        return Err(bad(
+            path,
+            "layers_per_stage",
+            format!("has {} entries but pp = {}", m.layers_per_stage.len(), m.pp),
+        ));
     }
     let per_stage = m.model.shape.num_layers / m.pp as u64;
     if m.layers_per_stage.iter().any(|&n| n != per_stage) || per_stage * m.pp as u64 != m.model.shape.num_layers {
-        let reason = format!("must be {} entries of {per_stage} (model.num_layers = {} split evenly)", m.pp, m.model.shape.num_layers);
+        let reason = format!(
+            "must be {} entries of {per_stage} (model.num_layers = {} split evenly)",
+            m.pp, m.model.shape.num_layers
+        );
         return Err(bad(path, "layers_per_stage", reason));
     }
     Ok(())
 }
 
-pub fn open(dir: &Path) -> Result<Shards, CkptError> {
+/// What a shards directory is opened for: the memory it will take is asked for as a whole,
+/// before its files are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    /// Back to Hugging Face weights.
+    Export,
+    /// To shards at another tp x pp.
+    Reshard { tp: u32, pp: u32 },
+}
+
+pub fn open(dir: &Path, then: Then) -> Result<Shards, CkptError> {
     let path = dir.join(MANIFEST);
     let m = read_manifest(dir)?;
     let shape = &m.model.shape;
-    let dtype = dtype_from_name(&m.dtype).ok_or_else(|| bad(&path, "dtype", format!("`{}` is not float32, bfloat16 or float16", excerpt(&m.dtype))))?;
+    let dtype = dtype_from_name(&m.dtype)
+        .ok_or_else(|| bad(&path, "dtype", format!("`{}` is not float32, bfloat16 or float16", excerpt(&m.dtype))))?;
     check_parallelism(shape, m.tp, m.pp)?;
     if m.model.padded_vocab_size != shape.padded_vocab(m.tp) {
-        return Err(bad(&path, "model.padded_vocab_size", format!("is {}, expected {} for tp = {}", m.model.padded_vocab_size, shape.padded_vocab(m.tp), m.tp)));
+        return Err(bad(
+            &path,
+            "model.padded_vocab_size",
+            format!("is {}, expected {} for tp = {}", m.model.padded_vocab_size, shape.padded_vocab(m.tp), m.tp),
+        ));
     }
     let expected: BTreeSet<(u32, u32)> = (0..m.pp).flat_map(|p| (0..m.tp).map(move |t| (t, p))).collect();
     let listed: BTreeSet<(u32, u32)> = m.files.iter().map(|f| (f.tp, f.pp)).collect();
     if listed != expected || m.files.len() != expected.len() {
-        return Err(bad(&path, "files", format!("must list each of the {} (tp, pp) ranks exactly once", expected.len())));
+        return Err(bad(
+            &path,
+            "files",
+            format!("must list each of the {} (tp, pp) ranks exactly once", expected.len()),
+        ));
     }
     for f in &m.files {
         if f.path != rank_file_name(f.tp, f.pp) {
-            return Err(bad(&path, "files[].path", format!("`{}` should be `{}`", excerpt(&f.path), rank_file_name(f.tp, f.pp))));
+            return Err(bad(
+                &path,
+                "files[].path",
+                format!("`{}` should be `{}`", excerpt(&f.path), rank_file_name(f.tp, f.pp)),
+            ));
         }
     }
-    let opened: Vec<StFile> = m
-        .files
-        .par_iter()
-        .map(|f| {
-            let p = dir.join(&f.path);
-            // Regular files inside the directory only: no FIFO to block on, no link out.
-            resolve_inside(dir, &f.path)?;
-            let len = std::fs::metadata(&p).map_err(io(&p))?.len();
-            if len != f.bytes {
-                return Err(CkptError::Integrity { file: p.display().to_string(), what: "size".into(), expected: f.bytes.to_string(), found: len.to_string() });
-            }
-            let mut h = blake3::Hasher::new();
-            h.update_mmap_rayon(&p).map_err(io(&p))?;
-            let digest = h.finalize().to_hex().to_string();
-            if digest != f.blake3 {
-                return Err(CkptError::Integrity { file: p.display().to_string(), what: "blake3".into(), expected: f.blake3.clone(), found: digest });
-            }
-            Ok(StFile::open(&p)?)
-        })
-        .collect::<Result<_, CkptError>>()?;
+    check_memory(dir, &m, then)?;
+    let opened = open_rank_files(dir, &m)?;
     // Every rank file must hold its stage's layers before per-layer plans are made.
     let per_stage = shape.num_layers / m.pp as u64;
     for file in &opened {
@@ -171,7 +189,12 @@ pub fn open(dir: &Path) -> Result<Shards, CkptError> {
                 file: path.display().to_string(),
                 key: "model.num_layers".into(),
                 found: shape.num_layers,
-                present: format!("{} layers in {} ({per_stage} expected per stage for pp = {})", layers.len(), file.path.display(), m.pp),
+                present: format!(
+                    "{} layers in {} ({per_stage} expected per stage for pp = {})",
+                    layers.len(),
+                    file.path.display(),
+                    m.pp
+                ),
                 help: "the manifest and the rank files disagree; regenerate the shards with `mflow convert`".into(),
             });
         }
@@ -187,10 +210,21 @@ pub fn open(dir: &Path) -> Result<Shards, CkptError> {
                 return Err(CkptError::UnexpectedTensor { file: fname, tensor: name.clone() });
             };
             if &meta.shape != *shape {
-                return Err(CkptError::Shape { file: fname, tensor: name.clone(), found: meta.shape.clone(), expected: (*shape).clone(), reason: MANIFEST.into() });
+                return Err(CkptError::Shape {
+                    file: fname,
+                    tensor: name.clone(),
+                    found: meta.shape.clone(),
+                    expected: (*shape).clone(),
+                    reason: MANIFEST.into(),
+                });
             }
             if meta.dtype != dtype {
-                return Err(CkptError::Dtype { file: fname, tensor: name.clone(), found: format!("{:?}", meta.dtype), expected: m.dtype.clone() });
+                return Err(CkptError::Dtype {
+                    file: fname,
+                    tensor: name.clone(),
+                    found: format!("{:?}", meta.dtype),
+                    expected: m.dtype.clone(),
+                });
             }
             sources.index.insert(rank_key(entry.tp, entry.pp, name), (i, name.clone()));
         }
@@ -202,6 +236,80 @@ pub fn open(dir: &Path) -> Result<Shards, CkptError> {
     }
     sources.files = opened;
     Ok(Shards { dir: dir.to_path_buf(), manifest: m, dtype, plan, sources })
+}
+
+/// Refuses past the memory budget what the operation `then` will hold, sized from the manifest
+/// `m` of `dir` before any rank file is read: its plans, then the rank files' headers.
+fn check_memory(dir: &Path, m: &Manifest, then: Then) -> Result<(), CkptError> {
+    let path = dir.join(MANIFEST);
+    let shape = &m.model.shape;
+    let (need, doing) = match then {
+        Then::Export => {
+            (memory::export_need(shape, m.tp, m.pp), format!("exporting shards of tp = {}, pp = {}", m.tp, m.pp))
+        }
+        Then::Reshard { tp, pp } => {
+            check_parallelism(shape, tp, pp)?;
+            let doing = format!("resharding tp = {}, pp = {} to tp = {tp}, pp = {pp}", m.tp, m.pp);
+            (memory::reshard_need(shape, (m.tp, m.pp), (tp, pp)), doing)
+        }
+    };
+    memory::check(&path, memory::what(&doing, shape), need)?;
+    let names: Vec<String> = m.files.iter().map(|f| f.path.clone()).collect();
+    memory::check_headers(dir, &names, &path)
+}
+
+/// Opens the rank files `m` lists, each checked against its recorded size and blake3 first.
+fn open_rank_files(dir: &Path, m: &Manifest) -> Result<Vec<StFile>, CkptError> {
+    m.files
+        .par_iter()
+        .map(|f| {
+            let p = dir.join(&f.path);
+            // Regular files inside the directory only: no FIFO to block on, no link out.
+            resolve_inside(dir, &f.path)?;
+            let len = std::fs::metadata(&p).map_err(io(&p))?.len();
+            if len != f.bytes {
+                return Err(CkptError::Integrity {
+                    file: p.display().to_string(),
+                    what: "size".into(),
+                    expected: f.bytes.to_string(),
+                    found: len.to_string(),
+                });
+            }
+            let digest = blake3_of(&p).map_err(io(&p))?;
+            if digest != f.blake3 {
+                return Err(CkptError::Integrity {
+                    file: p.display().to_string(),
+                    what: "blake3".into(),
+                    expected: f.blake3.clone(),
+                    found: digest,
+                });
+            }
+            Ok(StFile::open(&p)?)
+        })
+        .collect()
+}
+
+/// Bytes hashed at a time: each window leaves the resident set once hashed, so that checking a
+/// rank file of many GB does not hold it all in memory (a mapped page counts as resident).
+const HASH_WINDOW: usize = 16 << 20;
+
+/// The blake3 digest of a regular file, hashed a window at a time on all cores.
+fn blake3_of(path: &Path) -> std::io::Result<String> {
+    let file = mflow_untrusted::open_regular(path)?;
+    let mut h = blake3::Hasher::new();
+    if file.metadata()?.len() > 0 {
+        // SAFETY: the map is read-only; mflow never writes its inputs while reading them.
+        let map = unsafe { memmap2::Mmap::map(&file) }?;
+        for (i, window) in map.chunks(HASH_WINDOW).enumerate() {
+            h.update_rayon(window);
+            // SAFETY: DontNeed on a private read-only file map only drops our page-table
+            // entries; the bytes stay in the file and the page cache.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, i * HASH_WINDOW, window.len())
+            };
+        }
+    }
+    Ok(h.finalize().to_hex().to_string())
 }
 
 /// Builds the manifest for freshly written rank files.

@@ -39,31 +39,52 @@ pub enum StError {
     File(#[from] FileError),
 
     #[error("{file}: header lists more than {limit} {what}")]
-    #[diagnostic(code(mflow::ckpt::safetensors::too_many), help("the file is corrupt or hostile; mflow's models have far fewer; split it or write it again"))]
+    #[diagnostic(
+        code(mflow::ckpt::safetensors::too_many),
+        help("the file is corrupt or hostile; mflow's models have far fewer; split it or write it again")
+    )]
     TooMany { file: String, what: &'static str, limit: usize },
 
     #[error("{file}: tensor `{}` is listed twice in the header", excerpt(.tensor))]
-    #[diagnostic(code(mflow::ckpt::safetensors::duplicate), help("the header is ambiguous (which entry holds the weights?); write the file again"))]
+    #[diagnostic(
+        code(mflow::ckpt::safetensors::duplicate),
+        help("the header is ambiguous (which entry holds the weights?); write the file again")
+    )]
     Duplicate { file: String, tensor: String },
 
     #[error("{file}: file is {len} bytes, too short to hold a safetensors header")]
-    #[diagnostic(code(mflow::ckpt::safetensors::truncated), help("the file is truncated; download or convert it again"))]
+    #[diagnostic(
+        code(mflow::ckpt::safetensors::truncated),
+        help("the file is truncated; download or convert it again")
+    )]
     TooShort { file: String, len: u64 },
 
     #[error("{file}: header length {header} is larger than the {limit}-byte limit or the {len}-byte file")]
-    #[diagnostic(code(mflow::ckpt::safetensors::header_length), help("the file is truncated or is not a safetensors file; only .safetensors checkpoints are accepted"))]
+    #[diagnostic(
+        code(mflow::ckpt::safetensors::header_length),
+        help("the file is truncated or is not a safetensors file; only .safetensors checkpoints are accepted")
+    )]
     HeaderLength { file: String, header: u64, limit: u64, len: u64 },
 
     #[error("{file}: header is not valid JSON: {}", excerpt(.reason))]
-    #[diagnostic(code(mflow::ckpt::safetensors::header_json), help("the file is corrupt or is not a safetensors file"))]
+    #[diagnostic(
+        code(mflow::ckpt::safetensors::header_json),
+        help("the file is corrupt or is not a safetensors file")
+    )]
     HeaderJson { file: String, reason: String },
 
     #[error("{file}: tensor `{}`: {}", excerpt(.tensor), excerpt(.reason))]
-    #[diagnostic(code(mflow::ckpt::safetensors::tensor), help("the header disagrees with itself or with the file size; the file is corrupt or truncated"))]
+    #[diagnostic(
+        code(mflow::ckpt::safetensors::tensor),
+        help("the header disagrees with itself or with the file size; the file is corrupt or truncated")
+    )]
     BadTensor { file: String, tensor: String, reason: String },
 
     #[error("{file}: data area is {data} bytes but the tensors cover {covered} bytes")]
-    #[diagnostic(code(mflow::ckpt::safetensors::truncated_data), help("the file is truncated or has trailing bytes; download or convert it again"))]
+    #[diagnostic(
+        code(mflow::ckpt::safetensors::truncated_data),
+        help("the file is truncated or has trailing bytes; download or convert it again")
+    )]
     DataSize { file: String, data: u64, covered: u64 },
 
     #[error("{file}: rejected by the safetensors validator: {}", excerpt(.reason))]
@@ -132,12 +153,7 @@ pub fn parse(file: &str, buf: &[u8]) -> Result<Header, StError> {
             }
             None => return Err(bad(format!("shape {:?} overflows", info.shape.0))),
         }
-        let meta = TensorMeta {
-            dtype: info.dtype,
-            shape: info.shape.0,
-            start: data_start + s,
-            end: data_start + e,
-        };
+        let meta = TensorMeta { dtype: info.dtype, shape: info.shape.0, start: data_start + s, end: data_start + e };
         tensors.insert(name, meta);
     }
     check_layout(file, &tensors, data_start, data_len)?;
@@ -228,7 +244,10 @@ impl<'de> Visitor<'de> for HeaderSeed<'_> {
                 continue;
             }
             if tensors.len() == MAX_TENSORS {
-                return Err(fail(self.slot, StError::TooMany { file: file.into(), what: "tensors", limit: MAX_TENSORS }));
+                return Err(fail(
+                    self.slot,
+                    StError::TooMany { file: file.into(), what: "tensors", limit: MAX_TENSORS },
+                ));
             }
             let info = map.next_value::<RawInfo>().map_err(|e| {
                 let reason = e.to_string();
@@ -269,7 +288,12 @@ impl<'de> Deserialize<'de> for Metadata {
 }
 
 /// Tensors must tile the data area exactly: no overlap, no gap, nothing past the end.
-fn check_layout(file: &str, tensors: &BTreeMap<String, TensorMeta>, data_start: usize, data_len: u64) -> Result<(), StError> {
+fn check_layout(
+    file: &str,
+    tensors: &BTreeMap<String, TensorMeta>,
+    data_start: usize,
+    data_len: u64,
+) -> Result<(), StError> {
     let mut spans: Vec<(&String, &TensorMeta)> = tensors.iter().collect();
     spans.sort_by_key(|(_, m)| (m.start, m.end));
     let mut pos = data_start;
@@ -278,7 +302,11 @@ fn check_layout(file: &str, tensors: &BTreeMap<String, TensorMeta>, data_start: 
             return Err(StError::BadTensor {
                 file: file.into(),
                 tensor: name.clone(),
-                reason: format!("data offsets overlap the previous tensor (starts at {}, previous ends at {})", m.start - data_start, pos - data_start),
+                reason: format!(
+                    "data offsets overlap the previous tensor (starts at {}, previous ends at {})",
+                    m.start - data_start,
+                    pos - data_start
+                ),
             });
         }
         if m.start > pos {

@@ -7,7 +7,9 @@ use std::path::Path;
 use serde_json::json;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, TokenizerBuilder};
+use tokenizers::{
+    AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, TokenizerBuilder,
+};
 
 use crate::error::{io, CkptError};
 
@@ -51,14 +53,15 @@ pub fn write(dir: &Path, max_length: u64) -> Result<(), CkptError> {
         .initial_alphabet(alphabet)
         .special_tokens(vec![AddedToken::from(END_OF_TEXT, true)])
         .build();
-    let mut tok = TokenizerBuilder::<BPE, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>::new()
-        .with_model(BPE::default())
-        .with_normalizer(None)
-        .with_pre_tokenizer(Some(ByteLevel::new(false, true, true).into()))
-        .with_post_processor(Some(ByteLevel::new(false, true, true).into()))
-        .with_decoder(Some(ByteLevel::new(false, true, true).into()))
-        .build()
-        .map_err(err)?;
+    let mut tok =
+        TokenizerBuilder::<BPE, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>::new()
+            .with_model(BPE::default())
+            .with_normalizer(None)
+            .with_pre_tokenizer(Some(ByteLevel::new(false, true, true).into()))
+            .with_post_processor(Some(ByteLevel::new(false, true, true).into()))
+            .with_decoder(Some(ByteLevel::new(false, true, true).into()))
+            .build()
+            .map_err(err)?;
     tok.train(&mut trainer, corpus().into_iter()).map_err(err)?;
     let size = tok.get_vocab_size(true) as u64;
     if size != VOCAB_SIZE {

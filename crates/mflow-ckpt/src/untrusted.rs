@@ -12,8 +12,8 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use miette::Diagnostic;
 use mflow_untrusted::Refusal;
+use miette::Diagnostic;
 use thiserror::Error;
 
 #[derive(Debug, Error, Diagnostic)]
@@ -27,11 +27,17 @@ pub enum FileError {
     NotRegular { file: String, kind: &'static str },
 
     #[error("{file}: is {size} bytes, more than the {limit} accepted for this kind of file")]
-    #[diagnostic(code(mflow::ckpt::file::too_large), help("check that the path names the right file; config and manifest files are small JSON documents"))]
+    #[diagnostic(
+        code(mflow::ckpt::file::too_large),
+        help("check that the path names the right file; config and manifest files are small JSON documents")
+    )]
     TooLarge { file: String, size: u64, limit: u64 },
 
     #[error("{link}: resolves to {target}, outside {dir}")]
-    #[diagnostic(code(mflow::ckpt::file::escapes), help("replace the link with a copy of the file; files of a model directory must resolve inside it"))]
+    #[diagnostic(
+        code(mflow::ckpt::file::escapes),
+        help("replace the link with a copy of the file; files of a model directory must resolve inside it")
+    )]
     Escapes { link: String, target: String, dir: String },
 }
 
@@ -45,7 +51,11 @@ fn file_error(file: &Path, e: std::io::Error) -> FileError {
         };
     }
     if let Some(x) = e.get_ref().and_then(|i| i.downcast_ref::<mflow_untrusted::Escapes>()) {
-        return FileError::Escapes { link: name, target: x.target.display().to_string(), dir: x.dir.display().to_string() };
+        return FileError::Escapes {
+            link: name,
+            target: x.target.display().to_string(),
+            dir: x.dir.display().to_string(),
+        };
     }
     FileError::Open { file: name, source: e }
 }

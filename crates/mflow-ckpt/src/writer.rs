@@ -78,7 +78,8 @@ pub fn write_file(
     sources: &Sources,
     progress: &Reporter,
 ) -> Result<(u64, String), CkptError> {
-    let entries: Vec<HeaderEntry> = tensors.iter().map(|t| HeaderEntry { name: &t.name, dtype, shape: &t.shape }).collect();
+    let entries: Vec<HeaderEntry> =
+        tensors.iter().map(|t| HeaderEntry { name: &t.name, dtype, shape: &t.shape }).collect();
     let (header, _) = build_header(&entries, metadata);
     let file = File::create(path).map_err(io(path))?;
     let mut out = Out { file, path, hasher: blake3::Hasher::new(), bytes: 0, progress };
@@ -192,7 +193,15 @@ fn gather(t: &TensorPlan, dtype: Dtype, sources: &Sources, buf: &mut Vec<u8>, ou
 
 /// Assembles rows `r0..r1` of `t` into `buf` (`(r1 - r0) * cols` elements); zero-source and
 /// missing-source pieces become zeros.
-fn fill(buf: &mut [u8], t: &TensorPlan, r0: u64, r1: u64, cols: u64, dtype: Dtype, sources: &Sources) -> Result<(), CkptError> {
+fn fill(
+    buf: &mut [u8],
+    t: &TensorPlan,
+    r0: u64,
+    r1: u64,
+    cols: u64,
+    dtype: Dtype,
+    sources: &Sources,
+) -> Result<(), CkptError> {
     let e = dtype.size();
     for p in &t.pieces {
         let lo = p.dst_row.max(r0);
@@ -333,7 +342,15 @@ impl Drop for Staging {
 mod tests {
     use super::*;
 
-    fn piece(src: Option<&str>, src_row: u64, src_col: u64, dst_row: u64, rows: u64, cols: u64, transpose: bool) -> Piece {
+    fn piece(
+        src: Option<&str>,
+        src_row: u64,
+        src_col: u64,
+        dst_row: u64,
+        rows: u64,
+        cols: u64,
+        transpose: bool,
+    ) -> Piece {
         Piece { src: src.map(String::from), src_row, src_col, dst_row, dst_col: 0, rows, cols, transpose }
     }
 
@@ -344,7 +361,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("src.safetensors");
         let shape = [4u64, 3];
-        let (mut bytes, _) = build_header(&[HeaderEntry { name: "a", dtype: Dtype::F32, shape: &shape }], &BTreeMap::new());
+        let (mut bytes, _) =
+            build_header(&[HeaderEntry { name: "a", dtype: Dtype::F32, shape: &shape }], &BTreeMap::new());
         let a: Vec<f32> = (0..12).map(|v| v as f32).collect();
         bytes.extend(a.iter().flat_map(|v| v.to_le_bytes()));
         std::fs::write(&src, bytes).unwrap();
@@ -354,7 +372,15 @@ mod tests {
         };
         let plan = |name: &str, shape: Vec<u64>, pieces| TensorPlan { name: name.into(), shape, pieces };
         let tensors = [
-            plan("rows", vec![5, 3], vec![piece(Some("a"), 2, 0, 0, 2, 3, false), piece(None, 0, 0, 2, 1, 3, false), piece(Some("a"), 0, 0, 3, 2, 3, false)]),
+            plan(
+                "rows",
+                vec![5, 3],
+                vec![
+                    piece(Some("a"), 2, 0, 0, 2, 3, false),
+                    piece(None, 0, 0, 2, 1, 3, false),
+                    piece(Some("a"), 0, 0, 3, 2, 3, false),
+                ],
+            ),
             plan("cols", vec![4, 2], vec![piece(Some("a"), 0, 1, 0, 4, 2, false)]),
             plan("transposed", vec![3, 4], vec![piece(Some("a"), 0, 0, 0, 3, 4, true)]),
         ];

@@ -3,9 +3,9 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use miette::Diagnostic;
 use mflow_ckpt::convert::{convert, export};
 use mflow_ckpt::{check_parallelism, presets, CkptError};
+use miette::Diagnostic;
 use serde_json::Value;
 
 /// A llama-tiny preset written once and copied per test.
@@ -42,7 +42,11 @@ fn convert_fails(tmp: &Path, src: &Path, tp: u32, pp: u32) -> String {
     let dst = tmp.join("out");
     let err = convert(src, &dst, tp, pp, None).expect_err("conversion must fail");
     assert!(!dst.exists(), "output directory left behind");
-    let leftovers: Vec<_> = std::fs::read_dir(tmp).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains("staging")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(tmp)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("staging"))
+        .collect();
     assert!(leftovers.is_empty(), "staging left behind: {leftovers:?}");
     render(&err, tmp)
 }
@@ -265,7 +269,11 @@ fn a_tensor_in_two_files_of_a_sharded_model_is_refused_naming_both() {
         let file = if i == 0 { "model-00002-of-00002.safetensors" } else { "model-00001-of-00002.safetensors" };
         map.insert(n.clone(), Value::String(file.into()));
     }
-    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
+    )
+    .unwrap();
     let out = convert_fails(tmp.path(), &dir, 2, 1);
     assert!(out.starts_with("mflow::ckpt::ambiguous_tensor\n"), "{out}");
     assert!(out.contains("is held twice: in [TMP]/hf/model-00001-of-00002.safetensors and in [TMP]/hf/model-00002-of-00002.safetensors"), "{out}");
@@ -278,7 +286,13 @@ fn a_gpt2_tensor_under_both_spellings_is_refused() {
     let dir = tmp.path().join("hf");
     presets::write(&presets::preset("gpt2-tiny").unwrap(), &dir, 0).unwrap();
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
-    let full = safetensors::SafeTensors::deserialize(&bytes).unwrap().names().into_iter().find(|n| n.starts_with("transformer.h.0.")).unwrap().to_string();
+    let full = safetensors::SafeTensors::deserialize(&bytes)
+        .unwrap()
+        .names()
+        .into_iter()
+        .find(|n| n.starts_with("transformer.h.0."))
+        .unwrap()
+        .to_string();
     let short = full.trim_start_matches("transformer.").to_string();
     write_weights(&dir, "model.safetensors.new", &[(&short, &full)]);
     std::fs::rename(dir.join("model.safetensors.new"), dir.join("model.safetensors")).unwrap();
@@ -286,6 +300,79 @@ fn a_gpt2_tensor_under_both_spellings_is_refused() {
     assert!(out.starts_with("mflow::ckpt::ambiguous_tensor\n"), "{out}");
     assert!(out.contains(&format!("tensor `{full}` is held twice")), "{out}");
     assert!(out.contains(&format!("(as `{short}`)")), "{out}");
+}
+
+/// Splits model.safetensors of `dir` into two shards, tensors `first` (renamed as given) in the
+/// first and the rest in the second, with an index that says so; `index` may rewrite its map.
+fn split_in_two(dir: &Path, first: &[(&str, &str)], index: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (a, b) = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors");
+    let mut map = serde_json::Map::new();
+    let (mut one, mut two) = (Vec::new(), Vec::new());
+    for (name, view) in st.tensors() {
+        match first.iter().find(|(of, _)| *of == name) {
+            Some((_, as_)) => {
+                map.insert(as_.to_string(), Value::String(a.into()));
+                one.push((as_.to_string(), view));
+            }
+            None => {
+                map.insert(name.clone(), Value::String(b.into()));
+                two.push((name, view));
+            }
+        }
+    }
+    index(&mut map);
+    std::fs::write(dir.join(a), safetensors::serialize(one, &None).unwrap()).unwrap();
+    std::fs::write(dir.join(b), safetensors::serialize(two, &None).unwrap()).unwrap();
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let index = serde_json::json!({"metadata": {}, "weight_map": map}).to_string();
+    std::fs::write(dir.join("model.safetensors.index.json"), index).unwrap();
+}
+
+#[test]
+fn a_tensor_found_in_another_file_than_the_index_names_is_refused_naming_both() {
+    let (tmp, dir) = model();
+    let (t, u) = ("model.layers.0.input_layernorm.weight", "model.norm.weight");
+    split_in_two(&dir, &[(t, t), (u, u)], |map| {
+        map.insert(t.into(), Value::String("model-00002-of-00002.safetensors".into()));
+    });
+    let out = convert_fails(tmp.path(), &dir, 1, 1);
+    assert!(out.starts_with("mflow::ckpt::index_mismatch\n"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "[TMP]/hf/model.safetensors.index.json: `weight_map` names [TMP]/hf/model-00002-of-00002.safetensors for \
+             tensor `{t}`, but it is in [TMP]/hf/model-00001-of-00002.safetensors"
+        )),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_gpt2_tensor_under_both_spellings_in_two_shards_is_refused_naming_both_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("hf");
+    presets::write(&presets::preset("gpt2-tiny").unwrap(), &dir, 0).unwrap();
+    let full = "transformer.h.0.ln_1.weight";
+    // The first shard holds `h.0.ln_1.weight`, the second `transformer.h.0.ln_1.weight` as well.
+    split_in_two(&dir, &[(full, "h.0.ln_1.weight")], |_| {});
+    let b = dir.join("model-00002-of-00002.safetensors");
+    let bytes = std::fs::read(&b).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let copy = std::fs::read(dir.join("model-00001-of-00002.safetensors")).unwrap();
+    let one = safetensors::SafeTensors::deserialize(&copy).unwrap();
+    let mut tensors = st.tensors();
+    tensors.push((full.into(), one.tensor("h.0.ln_1.weight").unwrap()));
+    std::fs::write(&b, safetensors::serialize(tensors, &None).unwrap()).unwrap();
+    let out = convert_fails(tmp.path(), &dir, 1, 1);
+    assert!(out.starts_with("mflow::ckpt::ambiguous_tensor\n"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "tensor `{full}` is held twice: in [TMP]/hf/model-00001-of-00002.safetensors (as `h.0.ln_1.weight`) and in \
+             [TMP]/hf/model-00002-of-00002.safetensors"
+        )),
+        "{out}"
+    );
 }
 
 #[test]
@@ -300,5 +387,8 @@ fn a_rank_listed_twice_in_a_shards_manifest_is_refused() {
     std::fs::write(&path, m.to_string()).unwrap();
     let err = export(&shards, &tmp.path().join("back")).unwrap_err();
     let out = render(&err, tmp.path());
-    assert!(out.contains("mflow-checkpoint.json: `files`: must list each of the 2 (tp, pp) ranks exactly once"), "{out}");
+    assert!(
+        out.contains("mflow-checkpoint.json: `files`: must list each of the 2 (tp, pp) ranks exactly once"),
+        "{out}"
+    );
 }

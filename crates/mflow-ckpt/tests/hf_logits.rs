@@ -70,7 +70,17 @@ fn llama_1b_shape_reduced_tp2_logits_match_transformers() {
     // Llama-3 rope scaling, GQA 4:1, tied; the perturbed copy is saved in float32.
     let full = presets::preset("llama-1b").unwrap();
     let p = Preset {
-        shape: ModelShape { num_layers: 2, hidden_size: 256, num_attention_heads: 16, num_query_groups: 4, kv_channels: 16, ffn_hidden_size: 512, vocab_size: 1024, max_position_embeddings: 16384, ..full.shape },
+        shape: ModelShape {
+            num_layers: 2,
+            hidden_size: 256,
+            num_attention_heads: 16,
+            num_query_groups: 4,
+            kv_channels: 16,
+            ffn_hidden_size: 512,
+            vocab_size: 1024,
+            max_position_embeddings: 16384,
+            ..full.shape
+        },
         dtype: full.dtype,
     };
     check(&p, &[(2, 1), (4, 2)]);

@@ -8,9 +8,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use miette::Diagnostic;
 use mflow_ckpt::convert::{convert, export};
 use mflow_ckpt::{cli, presets, st, CkptError};
+use miette::Diagnostic;
 use serde_json::Value;
 
 /// Errors must stay well below this many bytes, whatever the files hold.
@@ -116,7 +116,11 @@ fn ten_million_layers_in_config_json_fail_fast_in_bounded_memory() {
         c.insert("num_hidden_layers".into(), 4000.into());
     });
     let text = convert_fails(tmp.path(), &dir);
-    assert!(text.starts_with("mflow::ckpt::count") && text.contains("`num_hidden_layers` is 4000 but the weights hold 4 layers"), "{text}");
+    assert!(
+        text.starts_with("mflow::ckpt::count")
+            && text.contains("`num_hidden_layers` is 4000 but the weights hold 4 layers"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -207,7 +211,11 @@ fn impossible_config_values_are_refused_naming_the_key() {
         ("rms_norm_eps", Value::from(-1), "rms_norm_eps"),
         ("rms_norm_eps", Value::from(0), "rms_norm_eps"),
         ("rms_norm_eps", Value::from(2.0), "layernorm_epsilon"),
-        ("rope_parameters", serde_json::json!({"rope_type": "default", "rope_theta": -10000.0}), "rope_parameters.rope_theta"),
+        (
+            "rope_parameters",
+            serde_json::json!({"rope_type": "default", "rope_theta": -10000.0}),
+            "rope_parameters.rope_theta",
+        ),
         ("hidden_size", Value::from(0), "hidden_size"),
         ("hidden_size", Value::from(-256), "hidden_size"),
         ("intermediate_size", Value::from(0), "intermediate_size"),
@@ -239,7 +247,11 @@ fn impossible_config_values_are_refused_naming_the_key() {
         assert!(text.contains(&format!("`{named}`")) && text.contains("config.json"), "{key} = {value}: {text}");
     }
     // JSON cannot spell NaN or infinity; a number too large for f64 is not valid JSON to serde.
-    std::fs::write(&config, String::from_utf8(pristine_config.clone()).unwrap().replacen('{', "{\"rope_theta\": 1e999,", 1)).unwrap();
+    std::fs::write(
+        &config,
+        String::from_utf8(pristine_config.clone()).unwrap().replacen('{', "{\"rope_theta\": 1e999,", 1),
+    )
+    .unwrap();
     let text = convert_fails(tmp.path(), &dir);
     assert!(text.contains("config.json"), "{text}");
 }
@@ -277,12 +289,17 @@ fn links_out_of_the_model_directory_are_refused_naming_the_link() {
         std::fs::write(&secret, "root:$6$not-for-the-output").unwrap();
         secret
     };
-    for name in ["special_tokens_map.json", "tokenizer.json", "config.json", "model.safetensors", "generation_config.json"] {
+    for name in
+        ["special_tokens_map.json", "tokenizer.json", "config.json", "model.safetensors", "generation_config.json"]
+    {
         let (tmp, dir) = copy_of("hf");
         let _ = std::fs::remove_file(dir.join(name));
         std::os::unix::fs::symlink(outside(tmp.path()), dir.join(name)).unwrap();
         let text = convert_fails(tmp.path(), &dir);
-        assert!(text.starts_with("mflow::ckpt::file::escapes") && text.contains(&format!("[TMP]/hf/{name}: resolves to")), "{name}: {text}");
+        assert!(
+            text.starts_with("mflow::ckpt::file::escapes") && text.contains(&format!("[TMP]/hf/{name}: resolves to")),
+            "{name}: {text}"
+        );
         // `mflow model path:DIR` copies the same files.
         let args = cli::ModelArgs { source: format!("path:{}", dir.display()), dst: tmp.path().join("copy"), seed: 0 };
         let err = cli::model(&args).unwrap_err();

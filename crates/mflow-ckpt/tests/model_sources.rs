@@ -17,10 +17,14 @@ fn init_then_path_copies_a_valid_model_and_skips_pickles() {
     std::fs::write(a.join("notes.txt"), b"not a model file").unwrap();
     let b = tmp.path().join("b");
     model(&args(format!("path:{}", a.display()), &b)).unwrap();
-    let mut names: Vec<String> = std::fs::read_dir(&b).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> =
+        std::fs::read_dir(&b).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
     insta::assert_snapshot!(names.join("\n"));
-    assert_eq!(std::fs::read(a.join("model.safetensors")).unwrap(), std::fs::read(b.join("model.safetensors")).unwrap());
+    assert_eq!(
+        std::fs::read(a.join("model.safetensors")).unwrap(),
+        std::fs::read(b.join("model.safetensors")).unwrap()
+    );
 }
 
 #[test]

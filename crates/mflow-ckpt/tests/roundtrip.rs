@@ -21,7 +21,10 @@ fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<u64>, Vec<u8>)> {
                 String::new()
             };
             for (name, meta) in &f.header.tensors {
-                out.insert(format!("{prefix}{name}"), (format!("{:?}", meta.dtype), meta.shape.clone(), f.bytes(meta).to_vec()));
+                out.insert(
+                    format!("{prefix}{name}"),
+                    (format!("{:?}", meta.dtype), meta.shape.clone(), f.bytes(meta).to_vec()),
+                );
             }
         }
     }
@@ -42,7 +45,16 @@ fn assert_same(a: &Path, b: &Path) {
 fn llama_1b_reduced() -> Preset {
     let full = presets::preset("llama-1b").unwrap();
     Preset {
-        shape: ModelShape { num_layers: 4, hidden_size: 256, num_attention_heads: 16, num_query_groups: 4, kv_channels: 16, ffn_hidden_size: 512, vocab_size: 1000, ..full.shape },
+        shape: ModelShape {
+            num_layers: 4,
+            hidden_size: 256,
+            num_attention_heads: 16,
+            num_query_groups: 4,
+            kv_channels: 16,
+            ffn_hidden_size: 512,
+            vocab_size: 1000,
+            ..full.shape
+        },
         dtype: full.dtype,
     }
 }
@@ -57,9 +69,14 @@ fn round_trip(preset: &Preset, layouts: &[(u32, u32)]) {
         convert(&hf, &shards, tp, pp, None).unwrap();
         export(&shards, &back).unwrap();
         assert_same(&hf, &back);
-        let config = |d: &Path| serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
+        let config = |d: &Path| {
+            serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap()
+        };
         assert_eq!(config(&hf), config(&back));
-        assert_eq!(std::fs::read(hf.join("tokenizer.json")).unwrap(), std::fs::read(back.join("tokenizer.json")).unwrap());
+        assert_eq!(
+            std::fs::read(hf.join("tokenizer.json")).unwrap(),
+            std::fs::read(back.join("tokenizer.json")).unwrap()
+        );
     }
 }
 
@@ -115,7 +132,8 @@ fn dtype_conversion_round_trips_through_float32() {
     presets::write(&llama_1b_reduced(), &hf, 3).unwrap();
     let (f32s, bf16s, back) = (tmp.path().join("f32"), tmp.path().join("bf16"), tmp.path().join("back"));
     convert(&hf, &f32s, 2, 1, Some(safetensors::Dtype::F32)).unwrap();
-    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f32s.join("mflow-checkpoint.json")).unwrap()).unwrap();
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f32s.join("mflow-checkpoint.json")).unwrap()).unwrap();
     assert_eq!(m["dtype"], "float32");
     // bf16 -> f32 is exact, so going back to bf16 restores the original bits.
     convert(&f32s, &bf16s, 1, 1, Some(safetensors::Dtype::BF16)).unwrap();
@@ -131,7 +149,14 @@ fn presets_are_deterministic_for_a_seed() {
     presets::write(&p, &tmp.path().join("b"), 5).unwrap();
     presets::write(&p, &tmp.path().join("c"), 6).unwrap();
     for f in ["model.safetensors", "tokenizer.json", "config.json"] {
-        assert!(std::fs::read(tmp.path().join("a").join(f)).unwrap() == std::fs::read(tmp.path().join("b").join(f)).unwrap(), "{f}");
+        assert!(
+            std::fs::read(tmp.path().join("a").join(f)).unwrap()
+                == std::fs::read(tmp.path().join("b").join(f)).unwrap(),
+            "{f}"
+        );
     }
-    assert!(std::fs::read(tmp.path().join("a/model.safetensors")).unwrap() != std::fs::read(tmp.path().join("c/model.safetensors")).unwrap());
+    assert!(
+        std::fs::read(tmp.path().join("a/model.safetensors")).unwrap()
+            != std::fs::read(tmp.path().join("c/model.safetensors")).unwrap()
+    );
 }

@@ -22,7 +22,8 @@ fn main() {
         _ if path == "default" => {}
         _ if path == "memo" => {
             let source = mflow_data::options::TokenizerSource::HfFile(tok.into());
-            let workers = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+            let workers =
+                if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
             let encoder = mflow_data::tokenize::Encoder::load(&source, None, true).expect("tokenizer loads");
             let encoder = encoder.with_word_memo(workers, workers * (64 << 20));
             assert!(encoder.uses_word_memo(), "this tokenizer does not allow the word memo");
@@ -65,7 +66,13 @@ fn main() {
                 // without the end-of-document id, as for the crate's path
                 Some(enc) => {
                     let mut ids = Vec::new();
-                    b.iter().map(|d| { ids.clear(); enc.encode_into(d, None, &mut ids).unwrap(); ids.len() - 1 }).sum::<usize>()
+                    b.iter()
+                        .map(|d| {
+                            ids.clear();
+                            enc.encode_into(d, None, &mut ids).unwrap();
+                            ids.len() - 1
+                        })
+                        .sum::<usize>()
                 }
                 None => b.iter().map(|d| tokenizer.encode_fast(*d, true).unwrap().get_ids().len()).sum::<usize>(),
             })

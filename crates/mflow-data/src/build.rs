@@ -6,12 +6,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, sync_channel};
+use std::sync::mpsc::{channel, sync_channel, SyncSender};
 use std::sync::Arc;
 use std::time::Instant;
 
-use miette::Diagnostic;
 use mflow_progress::Reporter;
+use miette::Diagnostic;
 use serde::Serialize;
 use thiserror::Error;
 
@@ -47,7 +47,10 @@ pub enum BuildError {
     Output(#[from] OutputError),
 
     #[error("{path}:{line}: cannot tokenize the document")]
-    #[diagnostic(code(mflow::data::build::encode), help("the tokenizer rejected this document; check the tokenizer and the input text"))]
+    #[diagnostic(
+        code(mflow::data::build::encode),
+        help("the tokenizer rejected this document; check the tokenizer and the input text")
+    )]
     Encode {
         path: PathBuf,
         line: u64,
@@ -56,11 +59,17 @@ pub enum BuildError {
     },
 
     #[error("the corpus has no documents ({files} files read, {invalid_utf8} documents skipped as invalid UTF-8, {empty} empty)")]
-    #[diagnostic(code(mflow::data::build::empty_corpus), help("check the input globs, --format, --split-by and --text-key"))]
+    #[diagnostic(
+        code(mflow::data::build::empty_corpus),
+        help("check the input globs, --format, --split-by and --text-key")
+    )]
     EmptyCorpus { files: usize, invalid_utf8: u64, empty: u64 },
 
     #[error("no document went to the train split ({documents} documents, --splits weights {ratios:?})")]
-    #[diagnostic(code(mflow::data::build::empty_train), help("give train a larger weight in --splits, or add documents"))]
+    #[diagnostic(
+        code(mflow::data::build::empty_train),
+        help("give train a larger weight in --splits, or add documents")
+    )]
     EmptyTrain { documents: u64, ratios: [f64; 3] },
 
     #[error("cannot start {threads} worker threads: {message}")]
@@ -146,7 +155,8 @@ struct Encoded {
 /// to `MFLOW_PROGRESS` (or a terminal bar) in input bytes.
 pub fn build(opts: &Options) -> Result<Summary, BuildError> {
     let started = Instant::now();
-    let threads = if opts.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { opts.threads };
+    let threads =
+        if opts.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { opts.threads };
     let memo_bytes = usize::try_from(opts.word_memo_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     let encoder = Arc::new(opts.validate()?.with_word_memo(threads, threads.saturating_mul(memo_bytes)));
     let files = input::expand(&opts.inputs, opts.format)?;
@@ -166,48 +176,7 @@ pub fn build(opts: &Options) -> Result<Summary, BuildError> {
 
     let bytes_read = Arc::new(AtomicU64::new(0));
     let (batch_tx, batch_rx) = sync_channel::<Result<Batch, InputError>>(threads * 2);
-    let reader = {
-        let files = files.clone();
-        let ropts = ReaderOptions {
-            split_by: opts.split_by,
-            text_key: opts.text_key.clone(),
-            on_invalid_utf8: opts.on_invalid_utf8,
-            max_doc_bytes: opts.max_doc_bytes,
-        };
-        let mut assigner = SplitAssigner::new(&opts.splits, opts.seed);
-        let bytes_read = bytes_read.clone();
-        std::thread::Builder::new()
-            .name("mflow-read".into())
-            .spawn(move || {
-                let mut reader = DocReader::new(files, ropts, bytes_read);
-                let mut batch = Batch { seq: 0, docs: Vec::new() };
-                let mut batch_bytes = 0;
-                loop {
-                    let doc = match reader.next_doc() {
-                        Ok(Some(doc)) => doc,
-                        Ok(None) => break,
-                        Err(e) => {
-                            let _ = batch_tx.send(Err(e));
-                            return reader.skipped;
-                        }
-                    };
-                    batch_bytes += doc.text.len();
-                    batch.docs.push((doc, assigner.next_split()));
-                    if batch_bytes >= BATCH_BYTES || batch.docs.len() >= BATCH_DOCS {
-                        let next = Batch { seq: batch.seq + 1, docs: Vec::new() };
-                        if batch_tx.send(Ok(std::mem::replace(&mut batch, next))).is_err() {
-                            return reader.skipped;
-                        }
-                        batch_bytes = 0;
-                    }
-                }
-                if !batch.docs.is_empty() {
-                    let _ = batch_tx.send(Ok(batch));
-                }
-                reader.skipped
-            })
-            .map_err(|e| BuildError::Threads { threads: 1, message: e.to_string() })?
-    };
+    let reader = spawn_reader(files.clone(), opts, bytes_read.clone(), batch_tx)?;
 
     let mut splits = [SplitStats::default(), SplitStats::default(), SplitStats::default()];
     let mut truncated = 0;
@@ -256,7 +225,11 @@ pub fn build(opts: &Options) -> Result<Summary, BuildError> {
 
     let documents: u64 = splits.iter().map(|s| s.documents).sum();
     if documents == 0 {
-        return Err(BuildError::EmptyCorpus { files: files.len(), invalid_utf8: skipped.invalid_utf8, empty: skipped.empty });
+        return Err(BuildError::EmptyCorpus {
+            files: files.len(),
+            invalid_utf8: skipped.invalid_utf8,
+            empty: skipped.empty,
+        });
     }
     if splits[0].documents == 0 {
         return Err(BuildError::EmptyTrain { documents, ratios: opts.splits.0 });
@@ -284,6 +257,54 @@ pub fn build(opts: &Options) -> Result<Summary, BuildError> {
     write_metadata(staging.path(), opts, &encoder, &stats)?;
     staging.commit()?;
     Ok(Summary { stats, seconds: started.elapsed().as_secs_f64(), threads, path: encoder.path() })
+}
+
+/// Starts the thread that reads the corpus in order, assigns each document its split and sends
+/// the documents in batches; it returns what it skipped.
+fn spawn_reader(
+    files: Vec<input::InputFile>,
+    opts: &Options,
+    bytes_read: Arc<AtomicU64>,
+    batch_tx: SyncSender<Result<Batch, InputError>>,
+) -> Result<std::thread::JoinHandle<Skipped>, BuildError> {
+    let ropts = ReaderOptions {
+        split_by: opts.split_by,
+        text_key: opts.text_key.clone(),
+        on_invalid_utf8: opts.on_invalid_utf8,
+        max_doc_bytes: opts.max_doc_bytes,
+    };
+    let mut assigner = SplitAssigner::new(&opts.splits, opts.seed);
+    std::thread::Builder::new()
+        .name("mflow-read".into())
+        .spawn(move || {
+            let mut reader = DocReader::new(files, ropts, bytes_read);
+            let mut batch = Batch { seq: 0, docs: Vec::new() };
+            let mut batch_bytes = 0;
+            loop {
+                let doc = match reader.next_doc() {
+                    Ok(Some(doc)) => doc,
+                    Ok(None) => break,
+                    Err(e) => {
+                        let _ = batch_tx.send(Err(e));
+                        return reader.skipped;
+                    }
+                };
+                batch_bytes += doc.text.len();
+                batch.docs.push((doc, assigner.next_split()));
+                if batch_bytes >= BATCH_BYTES || batch.docs.len() >= BATCH_DOCS {
+                    let next = Batch { seq: batch.seq + 1, docs: Vec::new() };
+                    if batch_tx.send(Ok(std::mem::replace(&mut batch, next))).is_err() {
+                        return reader.skipped;
+                    }
+                    batch_bytes = 0;
+                }
+            }
+            if !batch.docs.is_empty() {
+                let _ = batch_tx.send(Ok(batch));
+            }
+            reader.skipped
+        })
+        .map_err(|e| BuildError::Threads { threads: 1, message: e.to_string() })
 }
 
 fn encode_batch(encoder: &Encoder, batch: Batch, max_tokens: Option<u64>) -> Encoded {

@@ -5,8 +5,7 @@ use std::fmt;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{atomic::AtomicU64, atomic::Ordering, Arc};
 
 use miette::Diagnostic;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
@@ -20,7 +19,10 @@ const READ_BUFFER: usize = 1 << 20;
 #[derive(Debug, Error, Diagnostic)]
 pub enum InputError {
     #[error("input pattern {pattern:?} matches no file")]
-    #[diagnostic(code(mflow::data::input::no_match), help("check the pattern; it is expanded by mflow, relative to the working directory"))]
+    #[diagnostic(
+        code(mflow::data::input::no_match),
+        help("check the pattern; it is expanded by mflow, relative to the working directory")
+    )]
     NoMatch { pattern: String },
 
     #[error("input pattern {pattern:?} is not a valid glob: {message}")]
@@ -28,27 +30,48 @@ pub enum InputError {
     BadPattern { pattern: String, message: String },
 
     #[error("input {path} does not exist")]
-    #[diagnostic(code(mflow::data::input::not_found), help("check the path, or quote a glob so that it reaches mflow unexpanded"))]
+    #[diagnostic(
+        code(mflow::data::input::not_found),
+        help("check the path, or quote a glob so that it reaches mflow unexpanded")
+    )]
     NotFound { path: PathBuf },
 
     #[error("input {path} is a directory")]
-    #[diagnostic(code(mflow::data::input::is_dir), help("name the files inside it with a quoted glob, e.g. 'DIR/**/*.txt'"))]
+    #[diagnostic(
+        code(mflow::data::input::is_dir),
+        help("name the files inside it with a quoted glob, e.g. 'DIR/**/*.txt'")
+    )]
     IsDir { path: PathBuf },
 
     #[error("cannot read {path} (line {line}): {source}")]
-    #[diagnostic(code(mflow::data::input::read), help("check that the file is readable and, if compressed, not truncated or corrupt"))]
+    #[diagnostic(
+        code(mflow::data::input::read),
+        help("check that the file is readable and, if compressed, not truncated or corrupt")
+    )]
     Read { path: PathBuf, line: u64, source: std::io::Error },
 
     #[error("{path}:{line}: malformed JSON: {message}")]
-    #[diagnostic(code(mflow::data::input::malformed_json), help("every non-blank line of a JSONL file must be one JSON object; fix or remove this line"))]
+    #[diagnostic(
+        code(mflow::data::input::malformed_json),
+        help("every non-blank line of a JSONL file must be one JSON object; fix or remove this line")
+    )]
     MalformedJson { path: PathBuf, line: u64, message: String },
 
     #[error("{path}:{line}: the JSON object has no {key:?} field")]
-    #[diagnostic(code(mflow::data::input::missing_key), help("name the field holding the text with --text-key (fields on this line: {})", crate::untrusted::excerpt(fields)))]
+    #[diagnostic(
+        code(mflow::data::input::missing_key),
+        help(
+            "name the field holding the text with --text-key (fields on this line: {})",
+            crate::untrusted::excerpt(fields)
+        )
+    )]
     MissingKey { path: PathBuf, line: u64, key: String, fields: String },
 
     #[error("{path}:{line}: field {key:?} is {found}, not a string")]
-    #[diagnostic(code(mflow::data::input::not_a_string), help("the document text must be a JSON string; choose another field with --text-key"))]
+    #[diagnostic(
+        code(mflow::data::input::not_a_string),
+        help("the document text must be a JSON string; choose another field with --text-key")
+    )]
     NotAString { path: PathBuf, line: u64, key: String, found: &'static str },
 
     #[error("{path}:{line}: invalid UTF-8")]
@@ -56,7 +79,10 @@ pub enum InputError {
     InvalidUtf8 { path: PathBuf, line: u64 },
 
     #[error("{path}:{line}: document longer than {limit} bytes")]
-    #[diagnostic(code(mflow::data::input::doc_too_large), help("raise the limit with --max-doc-bytes, or split the input with --split-by line / blank-line"))]
+    #[diagnostic(
+        code(mflow::data::input::doc_too_large),
+        help("raise the limit with --max-doc-bytes, or split the input with --split-by line / blank-line")
+    )]
     DocTooLarge { path: PathBuf, line: u64, limit: u64 },
 }
 
@@ -84,7 +110,8 @@ pub fn expand(patterns: &[String], format: InputFormat) -> Result<Vec<InputFile>
                 .map_err(|e| InputError::BadPattern { pattern: pattern.clone(), message: e.to_string() })?;
             let before = paths.len();
             for m in matches {
-                let path = m.map_err(|e| InputError::Read { path: e.path().to_path_buf(), line: 0, source: e.into() })?;
+                let path =
+                    m.map_err(|e| InputError::Read { path: e.path().to_path_buf(), line: 0, source: e.into() })?;
                 if path.is_file() {
                     paths.push(path);
                 }
@@ -101,7 +128,11 @@ pub fn expand(patterns: &[String], format: InputFormat) -> Result<Vec<InputFile>
                 Err(_) => return Err(InputError::NotFound { path }),
                 // A FIFO or device would block the build or never end; say so instead.
                 Ok(m) if !m.is_file() => {
-                    return Err(InputError::Read { path, line: 0, source: crate::untrusted::not_regular(m.file_type()) })
+                    return Err(InputError::Read {
+                        path,
+                        line: 0,
+                        source: crate::untrusted::not_regular(m.file_type()),
+                    })
                 }
                 Ok(_) => {}
             }
@@ -113,7 +144,9 @@ pub fn expand(patterns: &[String], format: InputFormat) -> Result<Vec<InputFile>
     paths
         .into_iter()
         .map(|path| {
-            let bytes = std::fs::metadata(&path).map_err(|source| InputError::Read { path: path.clone(), line: 0, source })?.len();
+            let bytes = std::fs::metadata(&path)
+                .map_err(|source| InputError::Read { path: path.clone(), line: 0, source })?
+                .len();
             let format = match format {
                 InputFormat::Text => FileFormat::Text,
                 InputFormat::Jsonl => FileFormat::Jsonl,
@@ -176,7 +209,15 @@ pub struct DocReader {
 impl DocReader {
     /// `bytes_read` counts raw (possibly compressed) input bytes, for progress.
     pub fn new(files: Vec<InputFile>, opts: ReaderOptions, bytes_read: Arc<AtomicU64>) -> DocReader {
-        DocReader { files, opts, bytes_read, next_file: 0, current: None, line_buf: Vec::new(), skipped: Skipped::default() }
+        DocReader {
+            files,
+            opts,
+            bytes_read,
+            next_file: 0,
+            current: None,
+            line_buf: Vec::new(),
+            skipped: Skipped::default(),
+        }
     }
 
     pub fn next_doc(&mut self) -> Result<Option<Doc>, InputError> {
@@ -205,7 +246,7 @@ impl DocReader {
         let path = &self.files[index].path;
         let read_err = |source| InputError::Read { path: path.clone(), line: 0, source };
         let file: File = crate::untrusted::open_regular(path).map_err(read_err)?;
-        let counted = Counting { inner: file, count: self.bytes_read.clone() };
+        let counted = Counting { inner: file, count: self.bytes_read.clone(), left: self.files[index].bytes };
         let mut raw = BufReader::with_capacity(READ_BUFFER, counted);
         let magic = raw.fill_buf().map_err(read_err)?;
         let reader: Box<dyn BufRead + Send> = if magic.starts_with(&[0x1f, 0x8b]) {
@@ -284,11 +325,21 @@ impl DocReader {
             let text = match found {
                 Found::Text(t) => t,
                 Found::NotString(found) => {
-                    return Err(InputError::NotAString { path: path.to_path_buf(), line, key: self.opts.text_key.clone(), found })
+                    return Err(InputError::NotAString {
+                        path: path.to_path_buf(),
+                        line,
+                        key: self.opts.text_key.clone(),
+                        found,
+                    })
                 }
                 Found::Missing(fields) => {
                     let fields = if fields.is_empty() { "none".to_string() } else { fields.join(", ") };
-                    return Err(InputError::MissingKey { path: path.to_path_buf(), line, key: self.opts.text_key.clone(), fields });
+                    return Err(InputError::MissingKey {
+                        path: path.to_path_buf(),
+                        line,
+                        key: self.opts.text_key.clone(),
+                        fields,
+                    });
                 }
             };
             if text.is_empty() {
@@ -307,10 +358,11 @@ impl DocReader {
         f.line = 1;
         let path = &self.files[f.index].path;
         let mut bytes = Vec::new();
-        (&mut f.reader)
-            .take(limit + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|source| InputError::Read { path: path.clone(), line: 1, source })?;
+        (&mut f.reader).take(limit + 1).read_to_end(&mut bytes).map_err(|source| InputError::Read {
+            path: path.clone(),
+            line: 1,
+            source,
+        })?;
         if bytes.len() as u64 > limit {
             return Err(InputError::DocTooLarge { path: path.clone(), line: 1, limit });
         }
@@ -380,16 +432,19 @@ fn json_message(e: &serde_json::Error) -> String {
     format!("{what} (column {})", e.column())
 }
 
-/// Counts the bytes read from the underlying file.
+/// Counts bytes read up to the file's listed size (the progress total), should it grow meanwhile.
 struct Counting<R> {
     inner: R,
     count: Arc<AtomicU64>,
+    left: u64,
 }
 
 impl<R: Read> Read for Counting<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        let counted = self.left.min(n as u64);
+        self.left -= counted;
+        self.count.fetch_add(counted, Ordering::Relaxed);
         Ok(n)
     }
 }

@@ -41,7 +41,12 @@ pub(crate) struct WordMemo {
 impl WordMemo {
     /// Returns None when the tokenizer's configuration does not allow a memo that gives the
     /// same ids as `encode` (see the module comment).
-    pub(crate) fn for_tokenizer(tokenizer: &Tokenizer, add_special_tokens: bool, workers: usize, cap_bytes: usize) -> Option<WordMemo> {
+    pub(crate) fn for_tokenizer(
+        tokenizer: &Tokenizer,
+        add_special_tokens: bool,
+        workers: usize,
+        cap_bytes: usize,
+    ) -> Option<WordMemo> {
         if tokenizer.get_truncation().is_some() || tokenizer.get_padding().is_some() || cap_bytes == 0 {
             return None;
         }
@@ -99,7 +104,13 @@ impl WordMemo {
     /// The ids of the words of `text` without the framing: of its `piece` when it holds no added
     /// token (mflow's pre-tokenizer), else of the whole text after the crate's added-token
     /// split. Holds this worker's memo, and calls nothing that waits on other workers.
-    fn encode_words(&self, tokenizer: &Tokenizer, text: &str, piece: Option<(usize, usize)>, out: &mut Vec<u32>) -> tokenizers::Result<()> {
+    fn encode_words(
+        &self,
+        tokenizer: &Tokenizer,
+        text: &str,
+        piece: Option<(usize, usize)>,
+        out: &mut Vec<u32>,
+    ) -> tokenizers::Result<()> {
         let worker = rayon::current_thread_index().unwrap_or(0) % self.workers.len();
         let mut memo = self.workers[worker].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let memo = &mut *memo;
@@ -119,7 +130,8 @@ impl WordMemo {
                 if let Some((from, to)) = piece {
                     lean_words(text, from, to, out)?;
                 } else {
-                    let pretokenized = tokenizer.get_added_vocabulary().extract_and_normalize(tokenizer.get_normalizer(), text);
+                    let pretokenized =
+                        tokenizer.get_added_vocabulary().extract_and_normalize(tokenizer.get_normalizer(), text);
                     for (segment, _, tokens) in pretokenized.get_splits(OffsetReferential::Original, OffsetType::None) {
                         match tokens {
                             Some(tokens) => out.extend(tokens.iter().map(|t| t.id)),
@@ -129,7 +141,8 @@ impl WordMemo {
                 }
             }
             None => {
-                let mut pretokenized = tokenizer.get_added_vocabulary().extract_and_normalize(tokenizer.get_normalizer(), text);
+                let mut pretokenized =
+                    tokenizer.get_added_vocabulary().extract_and_normalize(tokenizer.get_normalizer(), text);
                 if let Some(pre) = tokenizer.get_pre_tokenizer() {
                     pre.pre_tokenize(&mut pretokenized)?;
                 }

@@ -65,11 +65,17 @@ pub enum TokenizerSource {
 #[derive(Debug, Error, Diagnostic)]
 pub enum OptionsError {
     #[error("no input given")]
-    #[diagnostic(code(mflow::data::options::no_inputs), help("name at least one input file or glob, e.g. 'corpus/*.jsonl'"))]
+    #[diagnostic(
+        code(mflow::data::options::no_inputs),
+        help("name at least one input file or glob, e.g. 'corpus/*.jsonl'")
+    )]
     NoInputs,
 
     #[error("--text-key is empty")]
-    #[diagnostic(code(mflow::data::options::text_key), help("name the JSON field holding the document text, e.g. --text-key text"))]
+    #[diagnostic(
+        code(mflow::data::options::text_key),
+        help("name the JSON field holding the document text, e.g. --text-key text")
+    )]
     EmptyTextKey,
 
     #[error("--{flag} must be at least 1")]
@@ -77,11 +83,17 @@ pub enum OptionsError {
     Zero { flag: &'static str },
 
     #[error("--split-by {split_by} applies to text input only, but --format is jsonl")]
-    #[diagnostic(code(mflow::data::options::split_by_jsonl), help("JSONL has one document per line; drop --split-by or use --format text"))]
+    #[diagnostic(
+        code(mflow::data::options::split_by_jsonl),
+        help("JSONL has one document per line; drop --split-by or use --format text")
+    )]
     SplitByWithJsonl { split_by: String },
 
     #[error("--eod cannot be used with the byte-level tokenizer")]
-    #[diagnostic(code(mflow::data::options::byte_level_eod), help("byte-level ids are 0..=255 and the end-of-document id is always 256; drop --eod"))]
+    #[diagnostic(
+        code(mflow::data::options::byte_level_eod),
+        help("byte-level ids are 0..=255 and the end-of-document id is always 256; drop --eod")
+    )]
     ByteLevelEod,
 
     #[error("tokenizer path {path} is neither a tokenizer.json file nor a directory holding one")]
@@ -198,7 +210,7 @@ impl Options {
                         TokenizerError::Load { path: p.clone(), message }.into()
                     }
                     _ => OptionsError::TokenizerPath { path: p.clone() },
-                })
+                });
             }
             other => other.clone(),
         };

@@ -10,7 +10,10 @@ use thiserror::Error;
 #[derive(Debug, Error, Diagnostic)]
 pub enum OutputError {
     #[error("output {path} already exists and is not an empty directory")]
-    #[diagnostic(code(mflow::data::output::exists), help("remove it or choose another --out; mflow never overwrites a dataset"))]
+    #[diagnostic(
+        code(mflow::data::output::exists),
+        help("remove it or choose another --out; mflow never overwrites a dataset")
+    )]
     Exists { path: PathBuf },
 
     #[error("cannot write the output {path}: {source}")]

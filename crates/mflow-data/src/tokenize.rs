@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use mflow_untrusted::budget::{Budget, Need, OverBudget};
+use mflow_untrusted::json;
 use miette::Diagnostic;
 use thiserror::Error;
 use tokenizers::Tokenizer;
@@ -23,12 +25,36 @@ const EOD_CANDIDATES: [&str; 5] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "
 #[derive(Debug, Error, Diagnostic)]
 pub enum TokenizerError {
     #[error("cannot load tokenizer {}: {}", .path.display(), excerpt(.message))]
-    #[diagnostic(code(mflow::data::tokenizer::load), help("pass a valid Hugging Face tokenizer.json (as saved by `tokenizers` or `transformers`)"))]
+    #[diagnostic(
+        code(mflow::data::tokenizer::load),
+        help("pass a valid Hugging Face tokenizer.json (as saved by `tokenizers` or `transformers`)")
+    )]
     Load { path: PathBuf, message: String },
 
     #[error("tokenizer {path} is {size} bytes, more than the {limit} accepted")]
-    #[diagnostic(code(mflow::data::tokenizer::too_large), help("check that the path names a tokenizer.json and not a model file"))]
+    #[diagnostic(
+        code(mflow::data::tokenizer::too_large),
+        help("check that the path names a tokenizer.json and not a model file")
+    )]
     TooLarge { path: PathBuf, size: u64, limit: u64 },
+
+    #[error("tokenizer {}: {over}", .path.display())]
+    #[diagnostic(
+        code(mflow::data::tokenizer::memory),
+        help(
+            "a model or tokenizer of this size is far beyond any real one, so the file is likely corrupt or hostile; \
+             if it is what you meant, set MFLOW_MEMORY_BUDGET to what this machine can hold (e.g. \
+             MFLOW_MEMORY_BUDGET=64GiB; a stage's `env` table passes it to that stage)"
+        )
+    )]
+    OverBudget { path: PathBuf, over: Box<OverBudget> },
+
+    #[error("MFLOW_MEMORY_BUDGET = {} is not an amount of memory", excerpt(&format!("{value:?}")))]
+    #[diagnostic(
+        code(mflow::data::memory_budget),
+        help("set it to a number of bytes, with a unit if you like (512MiB, 64GiB), or unset it for half of this machine's memory")
+    )]
+    BudgetSetting { value: String },
 
     #[error("tokenizer {} has no end-of-document token (no eos_token in tokenizer_config.json and none of {candidates})", .path.display())]
     #[diagnostic(
@@ -38,11 +64,20 @@ pub enum TokenizerError {
     NoEod { path: PathBuf, candidates: String, specials: String },
 
     #[error("--eod {token:?} is not a token of {path}")]
-    #[diagnostic(code(mflow::data::tokenizer::unknown_eod), help("give a token string from the vocabulary (or its id); special tokens of this tokenizer: {}", excerpt(specials)))]
+    #[diagnostic(
+        code(mflow::data::tokenizer::unknown_eod),
+        help(
+            "give a token string from the vocabulary (or its id); special tokens of this tokenizer: {}",
+            excerpt(specials)
+        )
+    )]
     UnknownEod { token: String, path: PathBuf, specials: String },
 
     #[error("tokenizer {} failed to encode a document: {}", .path.display(), excerpt(.message))]
-    #[diagnostic(code(mflow::data::tokenizer::encode), help("the tokenizer.json may be incomplete; check it loads with `tokenizers.Tokenizer.from_file`"))]
+    #[diagnostic(
+        code(mflow::data::tokenizer::encode),
+        help("the tokenizer.json may be incomplete; check it loads with `tokenizers.Tokenizer.from_file`")
+    )]
     Encode { path: PathBuf, message: String },
 }
 
@@ -64,7 +99,11 @@ pub struct Encoder {
 }
 
 impl Encoder {
-    pub fn load(source: &TokenizerSource, eod: Option<&str>, add_special_tokens: bool) -> Result<Encoder, TokenizerError> {
+    pub fn load(
+        source: &TokenizerSource,
+        eod: Option<&str>,
+        add_special_tokens: bool,
+    ) -> Result<Encoder, TokenizerError> {
         match source {
             TokenizerSource::ByteLevel => Ok(Encoder {
                 kind: Kind::ByteLevel,
@@ -154,10 +193,13 @@ impl Encoder {
         match &self.kind {
             Kind::ByteLevel => out.extend(text.bytes().map(u32::from)),
             Kind::Hf { tokenizer, path, memo } => {
-                let encode_err = |e: tokenizers::Error| TokenizerError::Encode { path: path.clone(), message: e.to_string() };
+                let encode_err =
+                    |e: tokenizers::Error| TokenizerError::Encode { path: path.clone(), message: e.to_string() };
                 match memo {
                     Some(memo) => memo.encode_into(tokenizer, text, out).map_err(encode_err)?,
-                    None => out.extend_from_slice(tokenizer.encode_fast(text, self.add_special_tokens).map_err(encode_err)?.get_ids()),
+                    None => out.extend_from_slice(
+                        tokenizer.encode_fast(text, self.add_special_tokens).map_err(encode_err)?.get_ids(),
+                    ),
                 }
             }
         }
@@ -173,14 +215,76 @@ impl Encoder {
     }
 }
 
+/// What loading a tokenizer.json holds at most, from the shape of its JSON, measured against
+/// what the `tokenizers` crate and mflow's encoder hold while it loads (the example
+/// `tokenizer-memory`; docs/validation.md has the figures): the text; the model twice over
+/// (the crate reads it into a buffer of its own for an untagged enum, then into a JSON value,
+/// then into its tables: a BPE of 128k tokens and pair merges held 18x its file), and the
+/// tables of its vocabulary; the rest of the pipeline the same way; a Unigram model's trie (about 260 bytes per byte of its pieces when
+/// they share no prefix: 207x its file); and the added tokens with the tries that find them
+/// (about 60 bytes per byte of their contents). The word memo is bounded apart
+/// (`--word-memo-mib`).
+pub fn load_need(bytes: &[u8]) -> Result<Need, serde_json::Error> {
+    const TWICE: u64 = 2;
+    const TRIE_PER_BYTE: u64 = 320;
+    const ADDED_TOKEN: u64 = 400;
+    const ADDED_PER_BYTE: u64 = 72;
+    const VOCAB_ENTRY: u64 = 96;
+    // The encoder's own tables (the pre-tokenizer's classes, the word memo's front cache),
+    // whatever the file.
+    const ENCODER: u64 = 1 << 20;
+    let paths: [&[&str]; 5] =
+        [&["model"], &["model", "vocab"], &["model", "merges"], &["added_tokens"], &["added_tokens", "content"]];
+    let (all, parts) = json::shape_at(bytes, &paths)?;
+    let (model, vocab, merges, added, contents) = (parts[0], parts[1], parts[2], parts[3], parts[4]);
+    // Entries of an object, or the arrays in an array of arrays (Unigram's [piece, score]).
+    let entries = |p: &json::Shape| if p.objects > 0 { p.keys } else { p.arrays.saturating_sub(1).max(p.strings) };
+    let rest = all.value_bytes().saturating_sub(model.value_bytes).saturating_sub(added.value_bytes);
+    let mut need = Need::new();
+    need.add("its text", bytes.len() as u64);
+    need.add("the encoder's tables", ENCODER);
+    need.add(
+        format!(
+            "its model ({} vocabulary entries, {} merges, {} values in all) held twice while it loads",
+            entries(&vocab),
+            entries(&merges),
+            model.values()
+        ),
+        model.value_bytes.saturating_mul(TWICE),
+    );
+    need.add("the rest of its pipeline, held twice while it loads", rest.saturating_mul(TWICE));
+    need.add(
+        "its vocabulary's tables, and mflow's copy of it",
+        entries(&vocab).saturating_mul(VOCAB_ENTRY).saturating_add(vocab.string_bytes.saturating_mul(2)),
+    );
+    if vocab.objects == 0 && vocab.arrays > 0 {
+        need.add(
+            format!("the trie of its {} pieces ({} bytes)", entries(&vocab), vocab.string_bytes),
+            vocab.string_bytes.saturating_mul(TRIE_PER_BYTE),
+        );
+    }
+    need.add(
+        format!("{} added tokens ({} bytes) and the tries that find them", added.objects, contents.string_bytes),
+        added.objects.saturating_mul(ADDED_TOKEN).saturating_add(contents.string_bytes.saturating_mul(ADDED_PER_BYTE)),
+    );
+    Ok(need)
+}
+
 fn load_hf(path: &Path, eod: Option<&str>, add_special_tokens: bool) -> Result<Encoder, TokenizerError> {
     let load_err = |message: String| TokenizerError::Load { path: path.to_path_buf(), message };
     let size = std::fs::metadata(path).map_err(|e| load_err(e.to_string()))?.len();
     if size > MAX_TOKENIZER_BYTES {
         return Err(TokenizerError::TooLarge { path: path.to_path_buf(), size, limit: MAX_TOKENIZER_BYTES });
     }
+    // What loading it will hold, asked for before the crate allocates any of it: the text
+    // first, then what its shape says.
+    let budget = Budget::from_env().map_err(|e| TokenizerError::BudgetSetting { value: e.value })?;
+    let over = |over| TokenizerError::OverBudget { path: path.to_path_buf(), over: Box::new(over) };
+    budget.check("reading it", Need::new().add("its text", size).clone()).map_err(over)?;
     // Read through a checked descriptor: a FIFO in the file's place must not block the load.
     let bytes = read_bounded(path, MAX_TOKENIZER_BYTES).map_err(|e| load_err(e.to_string()))?;
+    let need = load_need(&bytes).map_err(|e| load_err(e.to_string()))?;
+    budget.check("loading it", need).map_err(over)?;
     let mut tokenizer = Tokenizer::from_bytes(&bytes).map_err(|e| load_err(e.to_string()))?;
     drop(bytes);
     // transformers ignores truncation/padding stored in tokenizer.json unless asked; so do we
@@ -198,7 +302,11 @@ fn load_hf(path: &Path, eod: Option<&str>, add_special_tokens: bool) -> Result<E
     specials.sort();
     let special_list = || {
         let names: Vec<&str> = specials.iter().take(20).map(|(_, s)| s.as_str()).collect();
-        if names.is_empty() { "(none)".to_string() } else { names.join(" ") }
+        if names.is_empty() {
+            "(none)".to_string()
+        } else {
+            names.join(" ")
+        }
     };
 
     let (eod_id, eod_token) = match eod {
@@ -221,7 +329,9 @@ fn load_hf(path: &Path, eod: Option<&str>, add_special_tokens: bool) -> Result<E
         None => {
             let configured = config_eos_token(path).and_then(|t| tokenizer.token_to_id(&t).map(|id| (id, t)));
             let fallback = || {
-                EOD_CANDIDATES.iter().find_map(|c| specials.iter().find(|(_, s)| s == c).map(|(id, s)| (*id, s.clone())))
+                EOD_CANDIDATES
+                    .iter()
+                    .find_map(|c| specials.iter().find(|(_, s)| s == c).map(|(id, s)| (*id, s.clone())))
             };
             configured.or_else(fallback).ok_or_else(|| TokenizerError::NoEod {
                 path: path.to_path_buf(),

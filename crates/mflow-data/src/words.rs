@@ -209,7 +209,10 @@ fn short_key(text: &[u8], start: usize, len: usize) -> [u64; 2] {
         None => {
             let mut buf = [0u8; SHORT_BYTES];
             buf[..len].copy_from_slice(&text[start..start + len]);
-            (u64::from_le_bytes(buf[..8].try_into().expect("8 bytes")), u64::from_le_bytes(buf[8..].try_into().expect("8 bytes")))
+            (
+                u64::from_le_bytes(buf[..8].try_into().expect("8 bytes")),
+                u64::from_le_bytes(buf[8..].try_into().expect("8 bytes")),
+            )
         }
     };
     let keep = |bytes: usize| if bytes >= 8 { u64::MAX } else { (1u64 << (8 * bytes)) - 1 };

@@ -46,7 +46,10 @@ fn json_line_that_is_not_an_object() {
 
 #[test]
 fn invalid_utf8_fails_when_asked() {
-    insta::assert_snapshot!("text", fails(&["tests/fixtures/bad/invalid_utf8.txt"], &["--split-by", "line", "--on-invalid-utf8", "fail"]));
+    insta::assert_snapshot!(
+        "text",
+        fails(&["tests/fixtures/bad/invalid_utf8.txt"], &["--split-by", "line", "--on-invalid-utf8", "fail"])
+    );
     insta::assert_snapshot!("jsonl", fails(&["tests/fixtures/bad/invalid_utf8.jsonl"], &["--on-invalid-utf8", "fail"]));
 }
 
@@ -54,8 +57,16 @@ fn invalid_utf8_fails_when_asked() {
 fn invalid_utf8_is_skipped_and_counted_by_default() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("ds");
-    let s = run(&["tests/fixtures/bad/invalid_utf8.txt", "tests/fixtures/bad/invalid_utf8.jsonl", "--tokenizer", TOK,
-        "--out", out.to_str().unwrap(), "--split-by", "line"])
+    let s = run(&[
+        "tests/fixtures/bad/invalid_utf8.txt",
+        "tests/fixtures/bad/invalid_utf8.jsonl",
+        "--tokenizer",
+        TOK,
+        "--out",
+        out.to_str().unwrap(),
+        "--split-by",
+        "line",
+    ])
     .unwrap();
     assert_eq!((s.stats.documents, s.stats.skipped.invalid_utf8), (3, 2));
     let stats: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("stats.json")).unwrap()).unwrap();
@@ -95,8 +106,14 @@ fn end_of_document_token_problems() {
 
 #[test]
 fn bad_tokenizer_paths() {
-    insta::assert_snapshot!("not_a_tokenizer", fails(&["tests/fixtures/corpus/notes.txt"], &["--tokenizer", "tests/fixtures/corpus"]));
-    insta::assert_snapshot!("not_json", fails(&["tests/fixtures/corpus/notes.txt"], &["--tokenizer", "tests/fixtures/corpus/notes.txt"]));
+    insta::assert_snapshot!(
+        "not_a_tokenizer",
+        fails(&["tests/fixtures/corpus/notes.txt"], &["--tokenizer", "tests/fixtures/corpus"])
+    );
+    insta::assert_snapshot!(
+        "not_json",
+        fails(&["tests/fixtures/corpus/notes.txt"], &["--tokenizer", "tests/fixtures/corpus/notes.txt"])
+    );
 }
 
 #[test]
@@ -108,7 +125,8 @@ fn document_larger_than_the_limit() {
 fn output_that_already_holds_files() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("keep.txt"), "x").unwrap();
-    let err = run(&["tests/fixtures/corpus/notes.txt", "--tokenizer", TOK, "--out", tmp.path().to_str().unwrap()]).unwrap_err();
+    let err = run(&["tests/fixtures/corpus/notes.txt", "--tokenizer", TOK, "--out", tmp.path().to_str().unwrap()])
+        .unwrap_err();
     insta::assert_snapshot!(render(&err).replace(tmp.path().to_str().unwrap(), "$TMP"));
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1, "nothing was added");
 }

@@ -41,8 +41,16 @@ fn same_bytes_with_one_and_two_threads() {
     let mut outputs = Vec::new();
     for threads in ["1", "2", "3"] {
         let out = tmp.path().join(format!("ds{threads}"));
-        let s = run(&[&corpus, "--tokenizer", "tests/fixtures/tokenizer", "--out", out.to_str().unwrap(), "--threads", threads])
-            .unwrap();
+        let s = run(&[
+            &corpus,
+            "--tokenizer",
+            "tests/fixtures/tokenizer",
+            "--out",
+            out.to_str().unwrap(),
+            "--threads",
+            threads,
+        ])
+        .unwrap();
         assert_eq!(s.stats.documents, 6000);
         outputs.push(files(&out));
     }
@@ -66,8 +74,15 @@ fn gzip_and_zstd_inputs_match_plain() {
     let plain = tmp.path().join("plain");
     run(&[&jsonl, &text, "--tokenizer", "tests/fixtures/tokenizer", "--out", plain.to_str().unwrap()]).unwrap();
     let packed = tmp.path().join("packed");
-    run(&[gz.to_str().unwrap(), zst.to_str().unwrap(), "--tokenizer", "tests/fixtures/tokenizer", "--out", packed.to_str().unwrap()])
-        .unwrap();
+    run(&[
+        gz.to_str().unwrap(),
+        zst.to_str().unwrap(),
+        "--tokenizer",
+        "tests/fixtures/tokenizer",
+        "--out",
+        packed.to_str().unwrap(),
+    ])
+    .unwrap();
     let strip = |v: Vec<(String, Vec<u8>)>| v.into_iter().filter(|(n, _)| n != "stats.json").collect::<Vec<_>>();
     assert_eq!(strip(files(&plain)), strip(files(&packed)));
 }

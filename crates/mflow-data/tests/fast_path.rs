@@ -14,20 +14,97 @@ use serde_json::json;
 use tokenizers::Tokenizer;
 
 const GPT2: &str = "tests/fixtures/tokenizer/tokenizer.json";
-const LLAMA3_PATTERN: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2's pattern: one digit at a time. Not one the scanner knows: the regex path runs.
 const QWEN2_PATTERN: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// Pieces of text that exercise each alternative of the patterns and the character tables.
 const PIECES: &[&str] = &[
-    "a", "Z", "hello", " the", "x", "7", "123", "4567", " 89", "½", "١٢٣", "Ⅻ", "𝟘", " ", "  ", "\t", "\n", "\r\n", "\r",
-    "\n\n", "\u{a0}", "\u{3000}", "\u{85}", "\u{2028}", "\u{200b}", "\u{feff}", "\u{b}", "\u{c}", ".", "...", ",", "(", ")",
-    "{", "->", "::", "'", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL", "'Re", "'ſ", "ſ", "'x", "\"", "é",
-    "e\u{301}", "\u{301}", "\u{301}\u{302}", "中文", "日本語", "한국어", "Ελληνικά", "русский", "العربية", "עברית", "हिन्दी",
-    "😀", "👩\u{200d}👩\u{200d}👧", "🇫🇷", "✋🏽", "❤\u{fe0f}", "\u{a7cf}", "\u{a7cf}\",", "\u{378}", "\u{e000}", "\u{10ffff}",
-    "\u{1cc00}", "\u{1fae9}", "\u{31350}", "\u{e0041}", "\u{1d400}\u{1d401}", "ß", "ǅ", "\u{7f}", "\u{0}", "\\", "<|endoftext",
+    "a",
+    "Z",
+    "hello",
+    " the",
+    "x",
+    "7",
+    "123",
+    "4567",
+    " 89",
+    "½",
+    "١٢٣",
+    "Ⅻ",
+    "𝟘",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\r",
+    "\n\n",
+    "\u{a0}",
+    "\u{3000}",
+    "\u{85}",
+    "\u{2028}",
+    "\u{200b}",
+    "\u{feff}",
+    "\u{b}",
+    "\u{c}",
+    ".",
+    "...",
+    ",",
+    "(",
+    ")",
+    "{",
+    "->",
+    "::",
+    "'",
+    "'s",
+    "'t",
+    "'re",
+    "'ve",
+    "'m",
+    "'ll",
+    "'d",
+    "'S",
+    "'LL",
+    "'Re",
+    "'ſ",
+    "ſ",
+    "'x",
+    "\"",
+    "é",
+    "e\u{301}",
+    "\u{301}",
+    "\u{301}\u{302}",
+    "中文",
+    "日本語",
+    "한국어",
+    "Ελληνικά",
+    "русский",
+    "العربية",
+    "עברית",
+    "हिन्दी",
+    "😀",
+    "👩\u{200d}👩\u{200d}👧",
+    "🇫🇷",
+    "✋🏽",
+    "❤\u{fe0f}",
+    "\u{a7cf}",
+    "\u{a7cf}\",",
+    "\u{378}",
+    "\u{e000}",
+    "\u{10ffff}",
+    "\u{1cc00}",
+    "\u{1fae9}",
+    "\u{31350}",
+    "\u{e0041}",
+    "\u{1d400}\u{1d401}",
+    "ß",
+    "ǅ",
+    "\u{7f}",
+    "\u{0}",
+    "\\",
+    "<|endoftext",
 ];
 
 /// A small deterministic generator, so that failures can be replayed.
@@ -60,7 +137,10 @@ fn with_reserved_tokens(dir: &Path, path: &str) -> String {
     let mut tok: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let first = tok["model"]["vocab"].as_object().unwrap().len();
     for n in 0..256 {
-        tok["added_tokens"].as_array_mut().unwrap().push(json!({"id": first + n, "content": format!("<|reserved_special_token_{n}|>"),
+        tok["added_tokens"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"id": first + n, "content": format!("<|reserved_special_token_{n}|>"),
             "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}));
     }
     let out = dir.join("reserved.json");
@@ -110,8 +190,13 @@ fn write_corpus(dir: &Path) -> (String, String) {
         docs.push(rng.text(200));
     }
     // special tokens inside and around words
-    docs.extend(["a<|endoftext|>b", "<|endoftext|>", " <|endoftext|> <|endoftext|>x", "don't<|endoftext|>'s"].map(String::from));
-    docs.extend(["x<|reserved_special_token_7|>y", " <|reserved_special_token_255|>\n", "<|reserved_special_token_256|>"].map(String::from));
+    docs.extend(
+        ["a<|endoftext|>b", "<|endoftext|>", " <|endoftext|> <|endoftext|>x", "don't<|endoftext|>'s"].map(String::from),
+    );
+    docs.extend(
+        ["x<|reserved_special_token_7|>y", " <|reserved_special_token_255|>\n", "<|reserved_special_token_256|>"]
+            .map(String::from),
+    );
     // large documents: cut into pieces, without cuts, and with a special token (never cut)
     let mut big = String::new();
     while big.len() < (5 << 20) / 2 {
@@ -139,24 +224,42 @@ fn datasets_match_python_tokenizers_and_do_not_depend_on_threads() {
     let (jsonl, txt) = write_corpus(tmp.path());
     let llama3 = with_split(tmp.path(), "llama3", LLAMA3_PATTERN);
     let reserved = with_reserved_tokens(tmp.path(), &llama3);
-    for (name, scheme, tok) in [("gpt2", "gpt2", GPT2), ("llama3", "llama3", llama3.as_str()), ("reserved", "llama3", reserved.as_str())] {
+    for (name, scheme, tok) in
+        [("gpt2", "gpt2", GPT2), ("llama3", "llama3", llama3.as_str()), ("reserved", "llama3", reserved.as_str())]
+    {
         let mut outputs = Vec::new();
         // the thread counts matter for the scanners; the reserved tokens for the path taken
         let threads: &[&str] = if name == "reserved" { &["2"] } else { &["1", "2", "4"] };
         for threads in threads {
             let out = tmp.path().join(format!("{name}-{threads}"));
-            let summary = run(&[jsonl.as_str(), txt.as_str(), "--tokenizer", tok, "--out", out.to_str().unwrap(), "--splits", "100,0,0",
-                "--split-by", "line", "--threads", threads])
+            let summary = run(&[
+                jsonl.as_str(),
+                txt.as_str(),
+                "--tokenizer",
+                tok,
+                "--out",
+                out.to_str().unwrap(),
+                "--splits",
+                "100,0,0",
+                "--split-by",
+                "line",
+                "--threads",
+                threads,
+            ])
             .unwrap();
             assert_eq!(summary.path, format!("scanner ({scheme}) + word memo"));
             assert_eq!(summary.stats.skipped.invalid_utf8, 1);
-            outputs.push([std::fs::read(out.join("train.bin")).unwrap(), std::fs::read(out.join("train.idx")).unwrap()]);
+            outputs
+                .push([std::fs::read(out.join("train.bin")).unwrap(), std::fs::read(out.join("train.idx")).unwrap()]);
         }
         assert!(outputs.iter().all(|o| *o == outputs[0]), "{name}: outputs differ between 1, 2 and 4 threads");
-        let report = check_dataset(&tmp.path().join(format!("{name}-2")), json!({
-            "tokenizer": tok, "add_special_tokens": true, "dtype": "uint16",
-            "sources": [{"path": jsonl, "format": "jsonl", "text_key": "text"}, {"path": txt, "format": "line"}],
-        }));
+        let report = check_dataset(
+            &tmp.path().join(format!("{name}-2")),
+            json!({
+                "tokenizer": tok, "add_special_tokens": true, "dtype": "uint16",
+                "sources": [{"path": jsonl, "format": "jsonl", "text_key": "text"}, {"path": txt, "format": "line"}],
+            }),
+        );
         assert!(report["documents"].as_u64().unwrap() > 300, "{report}");
     }
 }

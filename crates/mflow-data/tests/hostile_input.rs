@@ -44,7 +44,13 @@ fn fifo_tokenizer_and_fifo_input_are_refused_without_blocking() {
     let out = tmp.path().join("ds").display().to_string();
     let fifo_tok = tmp.path().join("tokenizer.json");
     mkfifo(&fifo_tok);
-    let text = fails(vec![corpus(tmp.path()), "--tokenizer".into(), fifo_tok.display().to_string(), "--out".into(), out.clone()]);
+    let text = fails(vec![
+        corpus(tmp.path()),
+        "--tokenizer".into(),
+        fifo_tok.display().to_string(),
+        "--out".into(),
+        out.clone(),
+    ]);
     assert!(text.contains("tokenizer.json") && text.contains("FIFO"), "{text}");
 
     let fifo_in = tmp.path().join("in.txt");
@@ -56,7 +62,8 @@ fn fifo_tokenizer_and_fifo_input_are_refused_without_blocking() {
 #[test]
 fn a_huge_string_in_a_tokenizer_gives_a_short_message() {
     let tmp = tempfile::tempdir().unwrap();
-    let tok: serde_json::Value = serde_json::from_slice(&std::fs::read(format!("{TOK}/tokenizer.json")).unwrap()).unwrap();
+    let tok: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{TOK}/tokenizer.json")).unwrap()).unwrap();
     let mut tok = tok.as_object().unwrap().clone();
     tok.insert("version".into(), "9".repeat(100 << 20).into());
     let path = tmp.path().join("tokenizer.json");
@@ -77,33 +84,186 @@ fn tokenizer_files_linked_out_of_their_directory_are_not_used() {
     std::fs::copy(format!("{TOK}/tokenizer.json"), &elsewhere).unwrap();
     std::os::unix::fs::symlink(&elsewhere, model.join("tokenizer.json")).unwrap();
     let out = tmp.path().join("ds").display().to_string();
-    let text = fails(vec![corpus(tmp.path()), "--tokenizer".into(), model.display().to_string(), "--out".into(), out.clone()]);
+    let text =
+        fails(vec![corpus(tmp.path()), "--tokenizer".into(), model.display().to_string(), "--out".into(), out.clone()]);
     assert!(text.contains("resolves to") && text.contains("outside"), "{text}");
 
     // tokenizer_config.json linked elsewhere is ignored: its eos_token is not taken.
     std::fs::remove_file(model.join("tokenizer.json")).unwrap();
     std::fs::copy(format!("{TOK}/tokenizer.json"), model.join("tokenizer.json")).unwrap();
     let tok: serde_json::Value = serde_json::from_slice(&std::fs::read(model.join("tokenizer.json")).unwrap()).unwrap();
-    let ordinary = tok["model"]["vocab"].as_object().unwrap().keys().find(|k| k.len() > 1 && k.chars().all(|c| c.is_ascii_alphabetic())).unwrap().clone();
+    let ordinary = tok["model"]["vocab"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .find(|k| k.len() > 1 && k.chars().all(|c| c.is_ascii_alphabetic()))
+        .unwrap()
+        .clone();
     let cfg = tmp.path().join("cfg.json");
     std::fs::write(&cfg, serde_json::json!({"eos_token": ordinary}).to_string()).unwrap();
     std::os::unix::fs::symlink(&cfg, model.join("tokenizer_config.json")).unwrap();
     run(&[&corpus(tmp.path()), "--tokenizer", model.to_str().unwrap(), "--out", &out]).unwrap();
-    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(Path::new(&out).join("dataset.json")).unwrap()).unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(Path::new(&out).join("dataset.json")).unwrap()).unwrap();
     assert_ne!(meta["eod_token"], serde_json::Value::from(ordinary.clone()));
     // The same config as a regular file inside the directory is taken.
     std::fs::remove_file(model.join("tokenizer_config.json")).unwrap();
     std::fs::copy(&cfg, model.join("tokenizer_config.json")).unwrap();
     let out2 = tmp.path().join("ds2").display().to_string();
     run(&[&corpus(tmp.path()), "--tokenizer", model.to_str().unwrap(), "--out", &out2]).unwrap();
-    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(Path::new(&out2).join("dataset.json")).unwrap()).unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(Path::new(&out2).join("dataset.json")).unwrap()).unwrap();
     assert_eq!(meta["eod_token"], serde_json::Value::from(ordinary));
 }
 
 #[test]
 fn eos_lookup_never_panics_on_odd_configs() {
-    for doc in [&b""[..], b"[]", b"{\"eos_token\": 5}", b"{\"eos_token\": {\"content\": []}}", b"\xff\xfe", b"{\"eos_token\": \"</s>\"}"] {
+    for doc in [
+        &b""[..],
+        b"[]",
+        b"{\"eos_token\": 5}",
+        b"{\"eos_token\": {\"content\": []}}",
+        b"\xff\xfe",
+        b"{\"eos_token\": \"</s>\"}",
+    ] {
         let _ = mflow_data::tokenize::eos_token_of_config(doc);
     }
-    assert_eq!(mflow_data::tokenize::eos_token_of_config(br#"{"eos_token": {"content": "</s>"}}"#).as_deref(), Some("</s>"));
+    assert_eq!(
+        mflow_data::tokenize::eos_token_of_config(br#"{"eos_token": {"content": "</s>"}}"#).as_deref(),
+        Some("</s>")
+    );
+}
+
+/// Re-runs this test binary on test `name` with its address space limited to `mib` and
+/// MFLOW_MEMORY_BUDGET set to `budget`; true in the child, which does the work.
+fn in_child(name: &str, mib: u64, budget: &str) -> bool {
+    if std::env::var_os("MFLOW_TEST_CHILD").is_some() {
+        return true;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let script = format!("ulimit -v {} && exec \"$0\" --exact {name} --nocapture --test-threads 1", mib * 1024);
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(&exe)
+        .env("MFLOW_TEST_CHILD", "1")
+        .env("MFLOW_MEMORY_BUDGET", budget)
+        .output()
+        .unwrap();
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && log.contains("1 passed"), "child under a {mib} MiB limit failed:\n{log}");
+    eprintln!("{log}");
+    false
+}
+
+fn status_mib(key: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() / 1024
+}
+
+/// What `f` returns, and how far the resident set rose while it ran, in MiB (the peak is
+/// reset first, so that building the input does not count).
+fn rss_rise<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    let before = status_mib("VmRSS:");
+    let value = f();
+    let rise = status_mib("VmHWM:").saturating_sub(before);
+    eprintln!("resident set: {before} MiB before, {rise} MiB more at the most");
+    (value, rise)
+}
+
+fn word(state: &mut u64, len: usize) -> String {
+    (0..len)
+        .map(|_| {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            (b'a' + (*state % 26) as u8) as char
+        })
+        .collect()
+}
+
+/// Tokenizers whose loading would hold 300 MB to 1.3 GB (a Unigram of pieces that share no
+/// prefix, a model with nested arrays, a vocabulary of a million words, long added tokens):
+/// each refused from its shape before the `tokenizers` crate reads it, with the figure, while
+/// the resident set rises by little more than the file.
+#[test]
+fn tokenizers_past_the_memory_budget_are_refused_before_they_are_loaded() {
+    if !in_child("tokenizers_past_the_memory_budget_are_refused_before_they_are_loaded", 1024, "256MiB") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let base: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{TOK}/tokenizer.json")).unwrap()).unwrap();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut unigram = base.clone();
+    let mut pieces = vec![serde_json::json!(["<unk>", 0.0])];
+    pieces.extend((0..100_000).map(|_| serde_json::json!([word(&mut state, 32), -1.0])));
+    unigram["model"] = serde_json::json!({"type": "Unigram", "unk_id": 0, "vocab": pieces, "byte_fallback": false});
+    let mut words = base.clone();
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        (0..1_000_000).map(|i| (format!("{}{i}", word(&mut state, 4)), i.into())).collect();
+    words["model"] = serde_json::json!({"type": "WordLevel", "unk_token": "<|endoftext|>", "vocab": vocab});
+    let mut added = base.clone();
+    let tokens: Vec<serde_json::Value> = (0..10_000)
+        .map(|i| {
+            serde_json::json!({"id": 1000 + i, "content": word(&mut state, 500), "single_word": false,
+                                    "lstrip": false, "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    added["added_tokens"] = tokens.into();
+    let nested = {
+        let text = serde_json::to_string(&base).unwrap();
+        let at = text.find("\"model\":{").unwrap() + "\"model\":{".len();
+        let deep = format!("[{}[]]", "[[[[[[[[[[]]]]]]]]]],".repeat(250_000));
+        format!("{}\"junk\":{deep},{}", &text[..at], &text[at..])
+    };
+    let cases = [
+        ("unigram", serde_json::to_string(&unigram).unwrap(), "the trie of its 100001 pieces"),
+        ("words", serde_json::to_string(&words).unwrap(), "1000000 vocabulary entries"),
+        ("added", serde_json::to_string(&added).unwrap(), "10000 added tokens (5000000 bytes)"),
+        ("nested", nested, "2502042 values in all"),
+    ];
+    drop((unigram, words, added));
+    for (name, text, part) in cases {
+        let path = tmp.path().join(format!("{name}.json"));
+        std::fs::write(&path, &text).unwrap();
+        let size_mib = text.len() >> 20;
+        drop(text);
+        let out = tmp.path().join("ds").display().to_string();
+        let argv = [corpus(tmp.path()), "--tokenizer".into(), path.display().to_string(), "--out".into(), out.clone()];
+        let (err, rise) = rss_rise(|| fails(argv.to_vec()));
+        eprintln!("{name} ({size_mib} MiB): {err}");
+        assert!(
+            err.starts_with(&format!(
+                "[mflow::data::tokenizer::memory] tokenizer {}: loading it would need about ",
+                path.display()
+            )) && err.contains(part)
+                && err.contains("more than the memory budget of 256.0 MiB (MFLOW_MEMORY_BUDGET)")
+                && err.contains("help: a model or tokenizer of this size is far beyond any real one"),
+            "{err}"
+        );
+        // Its text, read to be measured.
+        assert!(rise < size_mib as u64 + 16, "{name}: {rise} MiB");
+        assert_no_output(Path::new(&out));
+    }
+}
+
+/// A real tokenizer loads and encodes under a budget of 16 MiB; a budget that is not an amount
+/// of memory is an error naming it.
+#[test]
+fn the_budget_leaves_real_tokenizers_alone() {
+    if !in_child("the_budget_leaves_real_tokenizers_alone", 2048, "16MiB") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ds").display().to_string();
+    run(&[&corpus(tmp.path()), "--tokenizer", TOK, "--out", &out]).unwrap();
+    std::env::set_var("MFLOW_MEMORY_BUDGET", "lots");
+    let text = fails(vec![corpus(tmp.path()), "--tokenizer".into(), TOK.into(), "--out".into(), format!("{out}-2")]);
+    assert!(
+        text.starts_with("[mflow::data::memory_budget] MFLOW_MEMORY_BUDGET = \"lots\" is not an amount of memory"),
+        "{text}"
+    );
 }

@@ -17,19 +17,31 @@ fn mixed_jsonl_and_text_match_python_tokenizers() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("ds");
     let summary = run(&[
-        "tests/fixtures/corpus/*.txt", "tests/fixtures/corpus/docs.jsonl",
-        "--tokenizer", "tests/fixtures/tokenizer", "--out", out.to_str().unwrap(),
-        "--split-by", "blank-line", "--splits", "1,1,1", "--seed", "7",
+        "tests/fixtures/corpus/*.txt",
+        "tests/fixtures/corpus/docs.jsonl",
+        "--tokenizer",
+        "tests/fixtures/tokenizer",
+        "--out",
+        out.to_str().unwrap(),
+        "--split-by",
+        "blank-line",
+        "--splits",
+        "1,1,1",
+        "--seed",
+        "7",
     ])
     .unwrap();
     // sorted paths: apache-2.0.txt, crlf.txt, docs.jsonl, notes.txt
-    let report = check_dataset(&out, json!({
-        "tokenizer": TOK, "add_special_tokens": true, "dtype": "uint16",
-        "sources": sources(&[
-            (&fixture("corpus/apache-2.0.txt"), "blank-line"), (&fixture("corpus/crlf.txt"), "blank-line"),
-            (&fixture("corpus/docs.jsonl"), "jsonl"), (&fixture("corpus/notes.txt"), "blank-line"),
-        ]),
-    }));
+    let report = check_dataset(
+        &out,
+        json!({
+            "tokenizer": TOK, "add_special_tokens": true, "dtype": "uint16",
+            "sources": sources(&[
+                (&fixture("corpus/apache-2.0.txt"), "blank-line"), (&fixture("corpus/crlf.txt"), "blank-line"),
+                (&fixture("corpus/docs.jsonl"), "jsonl"), (&fixture("corpus/notes.txt"), "blank-line"),
+            ]),
+        }),
+    );
     assert_eq!(report["documents"], summary.stats.documents);
     for split in ["train", "valid", "test"] {
         assert!(summary.stats.splits[split].documents > 0, "{split} is empty");
@@ -48,13 +60,16 @@ fn every_text_split_mode_matches() {
         let out = tmp.path().join("ds");
         run(&["tests/fixtures/corpus/*.txt", "--tokenizer", TOK, "--out", out.to_str().unwrap(), "--split-by", mode])
             .unwrap();
-        check_dataset(&out, json!({
-            "tokenizer": TOK, "add_special_tokens": true, "dtype": "uint16",
-            "sources": sources(&[
-                (&fixture("corpus/apache-2.0.txt"), mode), (&fixture("corpus/crlf.txt"), mode),
-                (&fixture("corpus/notes.txt"), mode),
-            ]),
-        }));
+        check_dataset(
+            &out,
+            json!({
+                "tokenizer": TOK, "add_special_tokens": true, "dtype": "uint16",
+                "sources": sources(&[
+                    (&fixture("corpus/apache-2.0.txt"), mode), (&fixture("corpus/crlf.txt"), mode),
+                    (&fixture("corpus/notes.txt"), mode),
+                ]),
+            }),
+        );
     }
 }
 
@@ -67,10 +82,13 @@ fn bos_tokenizer_special_tokens_on_and_off() {
         let mut argv = vec!["tests/fixtures/corpus/docs.jsonl", "--tokenizer", tok, "--out", out.to_str().unwrap()];
         argv.extend(flag);
         run(&argv).unwrap();
-        let report = check_dataset(&out, json!({
-            "tokenizer": tok, "add_special_tokens": add, "dtype": "uint16",
-            "sources": sources(&[(&fixture("corpus/docs.jsonl"), "jsonl")]),
-        }));
+        let report = check_dataset(
+            &out,
+            json!({
+                "tokenizer": tok, "add_special_tokens": add, "dtype": "uint16",
+                "sources": sources(&[(&fixture("corpus/docs.jsonl"), "jsonl")]),
+            }),
+        );
         // no tokenizer_config.json: <|endoftext|> is found among the special tokens
         assert_eq!(report["eod"], 0);
         let train = std::fs::read(out.join("train.bin")).unwrap();
@@ -83,14 +101,26 @@ fn byte_level_and_truncation() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("ds");
     let summary = run(&[
-        "tests/fixtures/corpus/notes.txt", "--tokenizer", "byte-level", "--out", out.to_str().unwrap(),
-        "--split-by", "line", "--max-doc-tokens", "20", "--splits", "2,1,1",
+        "tests/fixtures/corpus/notes.txt",
+        "--tokenizer",
+        "byte-level",
+        "--out",
+        out.to_str().unwrap(),
+        "--split-by",
+        "line",
+        "--max-doc-tokens",
+        "20",
+        "--splits",
+        "2,1,1",
     ])
     .unwrap();
-    check_dataset(&out, json!({
-        "tokenizer": "byte-level", "add_special_tokens": true, "dtype": "uint16", "max_doc_tokens": 20,
-        "sources": sources(&[(&fixture("corpus/notes.txt"), "line")]),
-    }));
+    check_dataset(
+        &out,
+        json!({
+            "tokenizer": "byte-level", "add_special_tokens": true, "dtype": "uint16", "max_doc_tokens": 20,
+            "sources": sources(&[(&fixture("corpus/notes.txt"), "line")]),
+        }),
+    );
     assert!(summary.stats.truncated_documents > 0);
     assert!(!out.join("tokenizer.json").exists());
 }
@@ -103,11 +133,25 @@ fn large_vocabulary_is_written_as_int32() {
     let corpus = tmp.path().join("c.txt");
     std::fs::write(&corpus, "w1 w69999 w65536\nw2 w3 unknown\n").unwrap();
     let out = tmp.path().join("ds");
-    run(&[corpus.to_str().unwrap(), "--tokenizer", tok.to_str().unwrap(), "--out", out.to_str().unwrap(), "--split-by", "line", "--splits", "1,0,0"]).unwrap();
-    check_dataset(&out, json!({
-        "tokenizer": tok, "add_special_tokens": true, "dtype": "int32",
-        "sources": sources(&[(corpus.to_str().unwrap(), "line")]),
-    }));
+    run(&[
+        corpus.to_str().unwrap(),
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--split-by",
+        "line",
+        "--splits",
+        "1,0,0",
+    ])
+    .unwrap();
+    check_dataset(
+        &out,
+        json!({
+            "tokenizer": tok, "add_special_tokens": true, "dtype": "int32",
+            "sources": sources(&[(corpus.to_str().unwrap(), "line")]),
+        }),
+    );
 }
 
 #[test]
@@ -115,8 +159,16 @@ fn gptdataset_builds_training_samples() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("ds");
     run(&[
-        "tests/fixtures/corpus/*.txt", "tests/fixtures/corpus/docs.jsonl", "--tokenizer", "tests/fixtures/tokenizer",
-        "--out", out.to_str().unwrap(), "--split-by", "blank-line", "--splits", "1,0,0",
+        "tests/fixtures/corpus/*.txt",
+        "tests/fixtures/corpus/docs.jsonl",
+        "--tokenizer",
+        "tests/fixtures/tokenizer",
+        "--out",
+        out.to_str().unwrap(),
+        "--split-by",
+        "blank-line",
+        "--splits",
+        "1,0,0",
     ])
     .unwrap();
     let cache = tmp.path().join("cache");

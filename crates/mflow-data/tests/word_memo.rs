@@ -32,10 +32,13 @@ fn check_tokenizer(tok: &str, add_special_tokens: bool) {
     let without = build_with(tok, &tmp.path().join("plain"), "0", "2", extra);
     assert!(with_memo == without, "{tok}: memo and plain encode differ");
     assert!(evicting == without, "{tok}: a memo emptied when full differs from plain encode");
-    let report = check_dataset(&tmp.path().join("memo"), json!({
-        "tokenizer": tok, "add_special_tokens": add_special_tokens, "dtype": "uint16",
-        "sources": [{"path": CORPUS, "format": "jsonl", "text_key": "text"}],
-    }));
+    let report = check_dataset(
+        &tmp.path().join("memo"),
+        json!({
+            "tokenizer": tok, "add_special_tokens": add_special_tokens, "dtype": "uint16",
+            "sources": [{"path": CORPUS, "format": "jsonl", "text_key": "text"}],
+        }),
+    );
     assert!(report["documents"].as_u64().unwrap() > 500, "{report}");
 }
 
@@ -114,7 +117,8 @@ fn sentencepiece_and_wordpiece_shapes_match() {
                "normalized": false, "special": true})
     };
     let mut pieces = vec![json!(["<unk>", 0.0]), json!(["</s>", 0.0]), json!(["▁", -2.0])];
-    for (n, w) in ["▁the", "▁of", "▁and", "▁license", "the", "ing", "▁a", "▁fn", "▁self"].iter().enumerate() {
+    for (n, w) in ["▁the", "▁of", "▁and", "▁license", "the", "ing", "▁a", "▁fn", "▁self"].iter().enumerate()
+    {
         pieces.push(json!([w, -3.0 - n as f64 / 10.0]));
     }
     pieces.extend(letters.iter().map(|l| json!([l, -8.0])));

@@ -1,9 +1,9 @@
 //! Connecting to the cluster and checking, before any stage runs, that it can run them.
 
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::Client;
@@ -87,7 +87,10 @@ impl KubeBackend {
     /// does not exist.
     pub async fn check_namespace(&self) -> Result<(), KubeError> {
         match self.namespace_exists().await {
-            Some(false) => Err(KubeError::NamespaceMissing { namespace: self.namespace().to_string(), url: self.target.url.clone() }),
+            Some(false) => Err(KubeError::NamespaceMissing {
+                namespace: self.namespace().to_string(),
+                url: self.target.url.clone(),
+            }),
             _ => Ok(()),
         }
     }
@@ -171,7 +174,9 @@ impl KubeBackend {
                 tracing::debug!("cannot read the TrainJob CRD; skipping the Trainer version check");
                 Ok(())
             }
-            Err(e) => Err(self.cluster_call_err(e, "get", "customresourcedefinitions", "trainjobs.trainer.kubeflow.org")),
+            Err(e) => {
+                Err(self.cluster_call_err(e, "get", "customresourcedefinitions", "trainjobs.trainer.kubeflow.org"))
+            }
         }
     }
 
@@ -239,16 +244,15 @@ impl KubeBackend {
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), self.namespace());
         match pvcs.get_opt(&self.opts.pvc).await {
             Ok(Some(pvc)) => {
-                let rwx = pvc
-                    .spec
-                    .and_then(|s| s.access_modes)
-                    .is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany"));
+                let rwx = pvc.spec.and_then(|s| s.access_modes).is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany"));
                 if !rwx {
                     tracing::warn!(pvc = %self.opts.pvc, "artifact claim is not ReadWriteMany; multi-node stages cannot share it");
                 }
                 Ok(())
             }
-            Ok(None) => Err(KubeError::PvcMissing { name: self.opts.pvc.clone(), namespace: self.namespace().to_string() }),
+            Ok(None) => {
+                Err(KubeError::PvcMissing { name: self.opts.pvc.clone(), namespace: self.namespace().to_string() })
+            }
             Err(e) => Err(self.call_err(e, "get", "persistentvolumeclaims", &self.opts.pvc)),
         }
     }

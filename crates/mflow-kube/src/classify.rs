@@ -14,7 +14,10 @@ pub enum JobState {
     /// Not suspended and not finished; pods tell whether it is running.
     Active,
     Complete,
-    Failed { reason: String, message: String },
+    Failed {
+        reason: String,
+        message: String,
+    },
 }
 
 /// The state of a TrainJob from its `status.conditions` (Trainer sets only Suspended,
@@ -23,11 +26,7 @@ pub fn job_state(trainjob: &Value) -> JobState {
     let conditions = trainjob.pointer("/status/conditions").and_then(Value::as_array);
     let is_true = |c: &&Value| c.get("status").and_then(Value::as_str) == Some("True");
     let find = |ty: &str| {
-        conditions
-            .into_iter()
-            .flatten()
-            .filter(is_true)
-            .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
+        conditions.into_iter().flatten().filter(is_true).find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
     };
     if let Some(failed) = find("Failed") {
         let text = |k: &str| failed.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
@@ -117,7 +116,10 @@ pub fn classify_failure(reason: &str, message: &str, pods: &[Pod]) -> (FailureCl
             if term.reason.as_deref() == Some("OOMKilled") {
                 return (
                     FailureClass::Oom,
-                    format!("{}container {name} was killed for exceeding its memory limit (OOMKilled)", rank_prefix(pod)),
+                    format!(
+                        "{}container {name} was killed for exceeding its memory limit (OOMKilled)",
+                        rank_prefix(pod)
+                    ),
                 );
             }
         }
@@ -132,7 +134,12 @@ pub fn classify_failure(reason: &str, message: &str, pods: &[Pod]) -> (FailureCl
                 exits.push((
                     SIGNAL_EXIT_CODES.contains(&term.exit_code),
                     pod_rank(pod),
-                    format!("{}container {name} exited with code {}{}{detail}", rank_prefix(pod), term.exit_code, signal_name(term.exit_code)),
+                    format!(
+                        "{}container {name} exited with code {}{}{detail}",
+                        rank_prefix(pod),
+                        term.exit_code,
+                        signal_name(term.exit_code)
+                    ),
                 ));
             }
         }
@@ -197,11 +204,16 @@ pub fn deleted_while_running(pod: &Pod) -> Option<String> {
     let seen = pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(SEEN_DELETED_RUNNING));
     let state = node_state(pod);
     let Some(term) = state.and_then(|s| s.terminated.as_ref()) else {
-        return (seen || state.is_some_and(|s| s.running.is_some())).then(|| format!("pod {name} was deleted while its container ran"));
+        return (seen || state.is_some_and(|s| s.running.is_some()))
+            .then(|| format!("pod {name} was deleted while its container ran"));
     };
     let after = term.finished_at.as_ref().is_some_and(|f| f.0 > requested);
     (seen || after).then(|| {
-        format!("pod {name} was deleted while its container ran (it then exited with code {}{})", term.exit_code, signal_name(term.exit_code))
+        format!(
+            "pod {name} was deleted while its container ran (it then exited with code {}{})",
+            term.exit_code,
+            signal_name(term.exit_code)
+        )
     })
 }
 
@@ -215,11 +227,7 @@ pub fn disruption(pod: &Pod) -> Option<String> {
             return Some(format!("pod {name} {reason}: {msg}"));
         }
     }
-    let cond = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == DISRUPTION_CONDITION && c.status == "True")?;
+    let cond = status.conditions.iter().flatten().find(|c| c.type_ == DISRUPTION_CONDITION && c.status == "True")?;
     let reason = cond.reason.as_deref().unwrap_or(DISRUPTION_CONDITION);
     let what = match reason {
         "EvictionByEvictionAPI" => "was evicted (Eviction API)",
@@ -285,12 +293,17 @@ mod tests {
         let pods = [pod(0, exited(1, "Error")), pod(1, preempted)];
         let (class, message) = classify_failure("FailedJobs", "", &pods);
         assert_eq!(class, FailureClass::Infra);
-        assert!(message.starts_with("rank 1: pod job-node-0-1-abcde was preempted by the scheduler (PreemptionByScheduler"), "{message}");
+        assert!(
+            message.starts_with("rank 1: pod job-node-0-1-abcde was preempted by the scheduler (PreemptionByScheduler"),
+            "{message}"
+        );
     }
 
     fn deleted(mut pod: Pod, requested: &str, seen_running: bool) -> Pod {
         let at: k8s_openapi::jiff::Timestamp = requested.parse().unwrap();
-        pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at + k8s_openapi::jiff::SignedDuration::from_secs(30)));
+        pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            at + k8s_openapi::jiff::SignedDuration::from_secs(30),
+        ));
         pod.metadata.deletion_grace_period_seconds = Some(30);
         if seen_running {
             pod.metadata.annotations = Some([(SEEN_DELETED_RUNNING.to_string(), "true".to_string())].into());
@@ -310,7 +323,12 @@ mod tests {
             let pod = deleted(pod(0, killed_at(code, "2026-01-01T00:00:01Z")), "2026-01-01T00:00:01Z", true);
             let (class, message) = classify_failure("FailedJobs", "", &[pod]);
             assert_eq!(class, FailureClass::Infra, "{message}");
-            assert!(message.starts_with("rank 0: pod job-node-0-0-abcde was deleted while its container ran (it then exited with code"), "{message}");
+            assert!(
+                message.starts_with(
+                    "rank 0: pod job-node-0-0-abcde was deleted while its container ran (it then exited with code"
+                ),
+                "{message}"
+            );
         }
         // Not seen running (mflow came back later), but killed after the deletion was asked.
         let later = deleted(pod(0, killed_at(137, "2026-01-01T00:00:31Z")), "2026-01-01T00:00:01Z", false);
@@ -320,8 +338,12 @@ mod tests {
         // Gone while running, as kwok deletes pods: its last status is a running container.
         let running = json!({"phase": "Running", "containerStatuses": [{"name": "node", "ready": true, "restartCount": 0,
             "image": "i", "imageID": "", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]});
-        let (class, message) = classify_failure("FailedJobs", "", &[deleted(pod(0, running), "2026-01-01T00:00:01Z", false)]);
-        assert_eq!((class, message.as_str()), (FailureClass::Infra, "rank 0: pod job-node-0-0-abcde was deleted while its container ran"));
+        let (class, message) =
+            classify_failure("FailedJobs", "", &[deleted(pod(0, running), "2026-01-01T00:00:01Z", false)]);
+        assert_eq!(
+            (class, message.as_str()),
+            (FailureClass::Infra, "rank 0: pod job-node-0-0-abcde was deleted while its container ran")
+        );
     }
 
     #[test]

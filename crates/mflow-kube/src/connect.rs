@@ -14,10 +14,16 @@ use crate::{KubeError, KubeOptions};
 pub(crate) async fn load(opts: &KubeOptions) -> Result<(Config, Target), KubeError> {
     let Some(paths) = kubeconfig_paths(opts) else {
         if let Some(context) = &opts.context {
-            return Err(KubeError::UnknownContext { context: context.clone(), available: Vec::new(), kubeconfig: "(no kubeconfig: KUBECONFIG is unset and ~/.kube/config does not exist)".into() });
+            return Err(KubeError::UnknownContext {
+                context: context.clone(),
+                available: Vec::new(),
+                kubeconfig: "(no kubeconfig: KUBECONFIG is unset and ~/.kube/config does not exist)".into(),
+            });
         }
         let config = Config::incluster().map_err(|e| KubeError::Config {
-            message: format!("no kubeconfig (KUBECONFIG is unset and ~/.kube/config does not exist), and not in a pod: {e}"),
+            message: format!(
+                "no kubeconfig (KUBECONFIG is unset and ~/.kube/config does not exist), and not in a pod: {e}"
+            ),
         })?;
         let target = Target { url: config.cluster_url.to_string(), in_cluster: true, ..Target::default() };
         return Ok((config, target));
@@ -33,7 +39,8 @@ pub(crate) async fn load(opts: &KubeOptions) -> Result<(Config, Target), KubeErr
     }
     let kubeconfig = merged.unwrap_or_default();
     let available: Vec<String> = kubeconfig.contexts.iter().map(|c| c.name.clone()).collect();
-    let Some(context) = opts.context.clone().or_else(|| kubeconfig.current_context.clone().filter(|c| !c.is_empty())) else {
+    let Some(context) = opts.context.clone().or_else(|| kubeconfig.current_context.clone().filter(|c| !c.is_empty()))
+    else {
         return Err(KubeError::UnknownContext { context: String::new(), available, kubeconfig: shown });
     };
     let Some(named) = kubeconfig.contexts.iter().find(|c| c.name == context) else {
@@ -48,7 +55,14 @@ pub(crate) async fn load(opts: &KubeOptions) -> Result<(Config, Target), KubeErr
         path: shown.clone(),
         message: format!("context {context:?}: {}", crate::error::chain(&e)),
     })?;
-    let target = Target { url: config.cluster_url.to_string(), context: Some(context), user, cluster, kubeconfig: Some(shown), in_cluster: false };
+    let target = Target {
+        url: config.cluster_url.to_string(),
+        context: Some(context),
+        user,
+        cluster,
+        kubeconfig: Some(shown),
+        in_cluster: false,
+    };
     Ok((config, target))
 }
 
@@ -72,7 +86,9 @@ fn kubeconfig_paths(opts: &KubeOptions) -> Option<Vec<PathBuf>> {
 /// may hold a token next to the mistake).
 fn kubeconfig_error(path: &Path, err: &KubeconfigError) -> KubeError {
     let message = match err {
-        KubeconfigError::ReadConfig(io, _) if io.kind() == std::io::ErrorKind::NotFound => "the file does not exist".to_string(),
+        KubeconfigError::ReadConfig(io, _) if io.kind() == std::io::ErrorKind::NotFound => {
+            "the file does not exist".to_string()
+        }
         KubeconfigError::ReadConfig(io, _) => io.to_string(),
         KubeconfigError::Parse(e) => format!("not a valid kubeconfig (YAML){}", location(&e.to_string())),
         other => other.to_string(),
@@ -100,7 +116,10 @@ mod tests {
 
     #[test]
     fn a_parse_error_is_reduced_to_its_place() {
-        assert_eq!(location("invalid type: string \"abc\", expected a sequence at line 3 column 9"), " at line 3, column 9");
+        assert_eq!(
+            location("invalid type: string \"abc\", expected a sequence at line 3 column 9"),
+            " at line 3, column 9"
+        );
         assert_eq!(location("mapping values are not allowed (line: 4, column: 12)"), " at line 4, column 12");
         assert_eq!(location("something odd"), "");
     }

@@ -48,10 +48,19 @@
 //! * Cache index: [`KubeBackend::cache_put`] / [`KubeBackend::cache_get`] /
 //!   [`KubeBackend::cache_list`] keep one ConfigMap per (pipeline, key), labelled
 //!   `mflow.dev/component=cache` and `mflow.dev/pipeline=<pipeline>`.
+//!
+//! # Every other object mflow makes
+//!
+//! Each is built here from a plain options struct; the engine only fills the struct:
+//! [`driver::job`] (the batch/v1 Job that runs the engine in the cluster for a run started
+//! outside it), [`volume::pod`] (the short-lived pod that mounts the artifact claim),
+//! [`schedule::objects`] (the CronJob of `mflow schedule`, its ConfigMap, ServiceAccount and
+//! RBAC), and [`rbac::objects`] / [`rbac::yaml`] (what `mflow kube rbac` prints).
 
 mod backend;
 mod classify;
 mod connect;
+pub mod driver;
 mod error;
 mod logs;
 mod manifest;
@@ -59,11 +68,13 @@ mod names;
 mod options;
 pub mod rbac;
 mod run;
+pub mod schedule;
 mod state;
 mod store;
-mod watch;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod volume;
+mod watch;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -78,8 +89,8 @@ pub use manifest::{
     WORKLOADS_ZIP,
 };
 pub use names::{
-    check_namespace, check_service_account, is_rfc1035_label, label_value, trainjob_name, MAX_DNS_LABEL, MAX_DNS_SUBDOMAIN,
-    MAX_TRAINJOB_NAME,
+    check_namespace, check_service_account, is_rfc1035_label, label_value, trainjob_name, MAX_DNS_LABEL,
+    MAX_DNS_SUBDOMAIN, MAX_TRAINJOB_NAME,
 };
 pub use options::{KubeOptions, DEFAULT_PVC, DEFAULT_RUNTIME, DEFAULT_START_TIMEOUT};
 pub use run::Existing;
@@ -120,9 +131,14 @@ pub struct StageRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Succeeded,
-    Failed { class: FailureClass, message: String },
+    Failed {
+        class: FailureClass,
+        message: String,
+    },
     /// Stopped following at the caller's request; the TrainJob runs on.
-    Detached { message: String },
+    Detached {
+        message: String,
+    },
 }
 
 /// Why a stage attempt failed (mflow's own classes; a Kubernetes failure is never `Gate`).

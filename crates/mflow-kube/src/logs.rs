@@ -62,7 +62,11 @@ impl LogFollower {
             } else {
                 let tx = self.tx.clone();
                 let ns = self.pods.namespace().unwrap_or("default").to_string();
-                let line = format!("mflow: rank {} failed too; its log: kubectl logs -n {ns} {name} -c {NODE}{}", rank.unwrap_or(0), if previous { " --previous" } else { "" });
+                let line = format!(
+                    "mflow: rank {} failed too; its log: kubectl logs -n {ns} {name} -c {NODE}{}",
+                    rank.unwrap_or(0),
+                    if previous { " --previous" } else { "" }
+                );
                 self.tasks.spawn(async move {
                     let _ = tx.send(LogLine { rank: None, line, stream: None }).await;
                 });
@@ -87,7 +91,9 @@ impl LogFollower {
 /// Container instances of a pod that ended with a failure of their own (not a signal from a
 /// deletion or a teardown, an OOM kill aside): (restart count, whether it is the previous one).
 fn failed_instances(pod: &Pod) -> Vec<(i32, bool)> {
-    let Some(cs) = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.iter().find(|c| c.name == NODE)) else {
+    let Some(cs) =
+        pod.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.iter().find(|c| c.name == NODE))
+    else {
         return Vec::new();
     };
     let own = |t: &k8s_openapi::api::core::v1::ContainerStateTerminated| {
@@ -135,7 +141,9 @@ impl Instance {
             Err(_) => return Fate::Unknown,
         };
         let status = pod.status.as_ref();
-        let Some(cs) = status.and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.iter().find(|c| c.name == NODE)) else {
+        let Some(cs) =
+            status.and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.iter().find(|c| c.name == NODE))
+        else {
             return Fate::Gone;
         };
         if cs.restart_count == self.restarts + 1 {
@@ -197,7 +205,8 @@ async fn follow(instance: Instance, tx: mpsc::Sender<LogLine>) {
             }
             Err(e) if api_status(&e).is_some_and(|s| s.code == 404 || s.code == 400) => return,
             Err(e) if api_status(&e).is_some_and(|s| s.code == 401 || s.code == 403) => {
-                let line = format!("mflow: cannot read the logs of pod {}: {}", instance.name, crate::error::describe(&e));
+                let line =
+                    format!("mflow: cannot read the logs of pod {}: {}", instance.name, crate::error::describe(&e));
                 let _ = tx.send(LogLine { rank: None, line, stream: None }).await;
                 return;
             }
@@ -221,7 +230,12 @@ async fn follow(instance: Instance, tx: mpsc::Sender<LogLine>) {
 
 /// Reads the whole log of a failed container instance once.
 async fn read_failed(instance: Instance, previous: bool, tx: mpsc::Sender<LogLine>) {
-    let params = LogParams { container: Some(NODE.to_string()), previous, limit_bytes: Some(FAILED_LOG_BYTES), ..Default::default() };
+    let params = LogParams {
+        container: Some(NODE.to_string()),
+        previous,
+        limit_bytes: Some(FAILED_LOG_BYTES),
+        ..Default::default()
+    };
     let stream = Some(instance.stream_id());
     let mut backoff = Backoff::default();
     for _ in 0..5 {
@@ -236,7 +250,11 @@ async fn read_failed(instance: Instance, previous: bool, tx: mpsc::Sender<LogLin
                 return;
             }
             Err(e) if api_status(&e).is_some() => {
-                let line = format!("mflow: cannot read the log of failed pod {}: {}", instance.name, crate::error::describe(&e));
+                let line = format!(
+                    "mflow: cannot read the log of failed pod {}: {}",
+                    instance.name,
+                    crate::error::describe(&e)
+                );
                 let _ = tx.send(LogLine { rank: None, line, stream: None }).await;
                 return;
             }
@@ -385,7 +403,13 @@ mod tests {
         // The server is asked from the second of the newest line, and sends it all again.
         assert_eq!(c.since().unwrap().to_string(), "2026-01-01T00:00:02Z");
         c.reopen();
-        let again = ["2026-01-01T00:00:02.1Z x", "2026-01-01T00:00:02.25Z b", "2026-01-01T00:00:02.25Z c", "2026-01-01T00:00:02.25Z d", "2026-01-01T00:00:03Z e"];
+        let again = [
+            "2026-01-01T00:00:02.1Z x",
+            "2026-01-01T00:00:02.25Z b",
+            "2026-01-01T00:00:02.25Z c",
+            "2026-01-01T00:00:02.25Z d",
+            "2026-01-01T00:00:03Z e",
+        ];
         let got: Vec<String> = again.iter().filter_map(|l| c.fresh(l)).collect();
         assert_eq!(got, ["d", "e"]);
         // A line without a time is passed on as it is.

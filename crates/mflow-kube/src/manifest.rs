@@ -41,7 +41,8 @@ pub const POD_RANK_LABEL: &str = "batch.kubernetes.io/job-completion-index";
 pub const NODE: &str = "node";
 
 /// Environment variables Trainer injects and rejects when a TrainJob sets them.
-pub const RESERVED_ENV: [&str; 5] = ["PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"];
+pub const RESERVED_ENV: [&str; 5] =
+    ["PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"];
 
 /// Labels identifying the objects of one stage attempt.
 pub fn stage_labels(req: &StageRequest) -> Map<String, Value> {

@@ -19,10 +19,17 @@ pub const MAX_DNS_SUBDOMAIN: usize = 253;
 pub fn check_namespace(name: &str) -> Result<(), KubeError> {
     const HELP: &str = "a namespace name is an RFC 1123 label: at most 63 characters, lower-case letters, digits and `-`, starting and ending with a letter or digit; set `namespace` under [pipeline.kubernetes] (or --namespace) to such a name";
     if name.len() > MAX_DNS_LABEL {
-        return Err(KubeError::NameTooLong { what: "namespace".into(), name: name.into(), limit: MAX_DNS_LABEL, help: HELP.into() });
+        return Err(KubeError::NameTooLong {
+            what: "namespace".into(),
+            name: name.into(),
+            limit: MAX_DNS_LABEL,
+            help: HELP.into(),
+        });
     }
     match label_problem(name) {
-        Some(problem) => Err(KubeError::InvalidName { what: "namespace".into(), name: name.into(), problem, help: HELP.into() }),
+        Some(problem) => {
+            Err(KubeError::InvalidName { what: "namespace".into(), name: name.into(), problem, help: HELP.into() })
+        }
         None => Ok(()),
     }
 }
@@ -32,11 +39,19 @@ pub fn check_service_account(name: &str) -> Result<(), KubeError> {
     const HELP: &str = "a ServiceAccount name is an RFC 1123 subdomain: at most 253 characters, lower-case letters, digits, `-` and `.`, each dot-separated part starting and ending with a letter or digit; `kubectl get serviceaccounts` lists those of the namespace";
     let what = "service account";
     if name.len() > MAX_DNS_SUBDOMAIN {
-        return Err(KubeError::NameTooLong { what: what.into(), name: name.into(), limit: MAX_DNS_SUBDOMAIN, help: HELP.into() });
+        return Err(KubeError::NameTooLong {
+            what: what.into(),
+            name: name.into(),
+            limit: MAX_DNS_SUBDOMAIN,
+            help: HELP.into(),
+        });
     }
-    let problem = if name.is_empty() { Some("it is empty".to_string()) } else { name.split('.').find_map(label_problem) };
+    let problem =
+        if name.is_empty() { Some("it is empty".to_string()) } else { name.split('.').find_map(label_problem) };
     match problem {
-        Some(problem) => Err(KubeError::InvalidName { what: what.into(), name: name.into(), problem, help: HELP.into() }),
+        Some(problem) => {
+            Err(KubeError::InvalidName { what: what.into(), name: name.into(), problem, help: HELP.into() })
+        }
         None => Ok(()),
     }
 }
@@ -74,7 +89,7 @@ pub fn trainjob_name(pipeline: &str, stage: &str, key: &str, attempt: u32) -> St
     // `<p>-<s>-<h6><key8><suffix>`: the hash keeps altered or truncated names distinct.
     let hash = &blake3::hash(format!("{pipeline}\0{stage}").as_bytes()).to_hex()[..6];
     let fixed = 1 + 6 + key8.len() + suffix.len(); // "-" + hash + key8 + suffix
-    // Minus the dash between pipeline and stage, and one character kept for a leading letter.
+                                                   // Minus the dash between pipeline and stage, and one character kept for a leading letter.
     let room = MAX_TRAINJOB_NAME - fixed - 2;
     let (p_len, s_len) = split_room(pipe.len(), stg.len(), room);
     let p = trim_dashes(&pipe[..p_len]);
@@ -85,7 +100,11 @@ pub fn trainjob_name(pipeline: &str, stage: &str, key: &str, attempt: u32) -> St
         .copied()
         .collect::<Vec<_>>()
         .join("-");
-    if starts_with_letter(&name) { name } else { format!("m{name}") }
+    if starts_with_letter(&name) {
+        name
+    } else {
+        format!("m{name}")
+    }
 }
 
 /// True when `name` is an RFC 1035 label: starts with a letter, `[a-z0-9-]`, no trailing dash.
@@ -110,7 +129,11 @@ pub fn label_value(value: &str) -> String {
     let hash = &blake3::hash(value.as_bytes()).to_hex()[..8];
     let cleaned = dns_part(value);
     let head = trim_dashes(&cleaned[..cleaned.len().min(MAX_LABEL_VALUE - 9)]);
-    if head.is_empty() { hash.to_string() } else { format!("{head}-{hash}") }
+    if head.is_empty() {
+        hash.to_string()
+    } else {
+        format!("{head}-{hash}")
+    }
 }
 
 /// The first `n` characters of a hex cache key, or of a hash of it when it is not hex.
@@ -192,7 +215,11 @@ mod tests {
         assert!(check_namespace(&"n".repeat(63)).is_ok());
         assert!(check_namespace("Team_A").unwrap_err().to_string().contains("'T' is not a lower-case letter"));
         let e = check_service_account(&"s".repeat(254)).unwrap_err();
-        assert!(e.to_string().starts_with("service account \"sss") && e.to_string().ends_with("is 254 characters long; Kubernetes allows at most 253"), "{e}");
+        assert!(
+            e.to_string().starts_with("service account \"sss")
+                && e.to_string().ends_with("is 254 characters long; Kubernetes allows at most 253"),
+            "{e}"
+        );
         assert!(check_service_account("mflow.runner-1").is_ok());
         assert!(check_service_account("mflow..x").is_err());
     }

@@ -76,8 +76,20 @@ pub const OUTSIDE: &[Rule] = &[
         why: "a short-lived pod that mounts the artifact claim, for uploads and reads; the driver's pods",
     },
     // An exec over WebSocket is a GET: the API server checks `get` as well as `create`.
-    Rule { group: "", resource: "pods/exec", verbs: &["create", "get"], cluster: false, why: "tar streams to and from the volume; a cancel signals the driver" },
-    Rule { group: "", resource: "pods/log", verbs: &["get"], cluster: false, why: "the driver's events, rendered as a local run's display" },
+    Rule {
+        group: "",
+        resource: "pods/exec",
+        verbs: &["create", "get"],
+        cluster: false,
+        why: "tar streams to and from the volume; a cancel signals the driver",
+    },
+    Rule {
+        group: "",
+        resource: "pods/log",
+        verbs: &["get"],
+        cluster: false,
+        why: "the driver's events, rendered as a local run's display",
+    },
     Rule {
         group: "batch",
         resource: "jobs",
@@ -85,7 +97,13 @@ pub const OUTSIDE: &[Rule] = &[
         cluster: false,
         why: "the driver of each run, found by its labels; deleted by a cancel that cannot signal it",
     },
-    Rule { group: "", resource: "persistentvolumeclaims", verbs: &["get"], cluster: false, why: "preflight: the artifact claim exists" },
+    Rule {
+        group: "",
+        resource: "persistentvolumeclaims",
+        verbs: &["get"],
+        cluster: false,
+        why: "preflight: the artifact claim exists",
+    },
     Rule {
         group: TRAINER_GROUP,
         resource: "clustertrainingruntimes",
@@ -96,7 +114,9 @@ pub const OUTSIDE: &[Rule] = &[
 ];
 
 /// (verb, group, resource, subresource) of every right of `rules`, for access reviews.
-pub fn needed(rules: &'static [Rule]) -> impl Iterator<Item = (&'static str, &'static str, &'static str, &'static str, bool)> {
+pub fn needed(
+    rules: &'static [Rule],
+) -> impl Iterator<Item = (&'static str, &'static str, &'static str, &'static str, bool)> {
     rules.iter().flat_map(|r| {
         let (resource, sub) = r.resource.split_once('/').unwrap_or((r.resource, ""));
         r.verbs.iter().map(move |v| (*v, r.group, resource, sub, r.cluster))
@@ -131,8 +151,12 @@ pub fn objects(name: &str, namespace: &str, subjects: &Subjects) -> Vec<Value> {
         .iter()
         .map(|sa| json!({"kind": "ServiceAccount", "name": sa, "namespace": namespace}))
         .collect();
-    subject_list.extend(subjects.users.iter().map(|u| json!({"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": u})));
-    subject_list.extend(subjects.groups.iter().map(|g| json!({"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": g})));
+    subject_list.extend(
+        subjects.users.iter().map(|u| json!({"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": u})),
+    );
+    subject_list.extend(
+        subjects.groups.iter().map(|g| json!({"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": g})),
+    );
     let cluster_name = format!("{name}-{namespace}");
     let mut out: Vec<Value> = subjects
         .service_accounts
@@ -175,6 +199,26 @@ fn role_and_binding(name: &str, namespace: &str, labels: &Value, rules: &[Rule],
     ]
 }
 
+/// The objects of [`objects`] as a YAML stream, after a comment with the reason for every
+/// right (`mflow kube rbac`).
+pub fn yaml(name: &str, namespace: &str, subjects: &Subjects) -> String {
+    let mut out = format!(
+        "# Least privilege for mflow in namespace {namespace:?} (`mflow kube rbac`). Rights:\n{}",
+        explained(RULES)
+    );
+    if !subjects.users.is_empty() || !subjects.groups.is_empty() {
+        out.push_str(&format!(
+            "# And for the users and groups, to run from outside the cluster (Role {name}-outside):\n{}",
+            explained(OUTSIDE)
+        ));
+    }
+    for obj in objects(name, namespace, subjects) {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&obj).unwrap_or_default());
+    }
+    out
+}
+
 /// A comment block listing every rule of `rules` and why mflow needs it.
 pub fn explained(rules: &[Rule]) -> String {
     rules
@@ -197,15 +241,23 @@ mod tests {
         assert_eq!(reviewed.len(), rendered);
         assert!(reviewed.contains(&("get", "", "pods", "log", false)));
         assert!(reviewed.contains(&("list", TRAINER_GROUP, "clustertrainingruntimes", "", true)));
-        let objs = objects("mflow", "team-a", &Subjects { service_accounts: vec!["mflow".into()], users: vec!["alice".into()], ..Default::default() });
+        let objs = objects(
+            "mflow",
+            "team-a",
+            &Subjects { service_accounts: vec!["mflow".into()], users: vec!["alice".into()], ..Default::default() },
+        );
         let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
-        assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]);
+        assert_eq!(
+            kinds,
+            ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+        );
         // The outside rights go to the person only.
         assert_eq!(objs[5]["metadata"]["name"], "mflow-outside");
         assert_eq!(objs[6]["subjects"].as_array().unwrap().len(), 1);
         assert_eq!(objs[6]["subjects"][0]["name"], "alice");
         assert!(serde_json::to_string(&objs[5]).unwrap().contains("pods/exec"));
-        let only_sa = objects("mflow", "team-a", &Subjects { service_accounts: vec!["mflow".into()], ..Default::default() });
+        let only_sa =
+            objects("mflow", "team-a", &Subjects { service_accounts: vec!["mflow".into()], ..Default::default() });
         assert_eq!(only_sa.len(), 5, "a service account gets no outside rights");
         assert_eq!(objs[2]["subjects"][0]["namespace"], "team-a");
         assert_eq!(objs[2]["subjects"][1]["kind"], "User");

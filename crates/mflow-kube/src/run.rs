@@ -11,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::trainjob_resource;
 use crate::classify::{job_state, JobState};
 use crate::error::api_status;
-use crate::manifest::{trainjob_manifest, validate_request, ANN_KEY, ANN_PIPELINE, ANN_STAGE, LABEL_ATTEMPT, LABEL_MANAGED_BY, MANAGED_BY};
+use crate::manifest::{
+    trainjob_manifest, validate_request, ANN_KEY, ANN_PIPELINE, ANN_STAGE, LABEL_ATTEMPT, LABEL_MANAGED_BY, MANAGED_BY,
+};
 use crate::names::trainjob_name;
 use crate::{KubeBackend, KubeError, LogLine, Outcome, StageRequest};
 
@@ -139,7 +141,13 @@ impl KubeBackend {
         self.create(api, req, name, false).await
     }
 
-    async fn create(&self, api: &Api<DynamicObject>, req: &StageRequest, name: &str, dry_run: bool) -> Result<(), KubeError> {
+    async fn create(
+        &self,
+        api: &Api<DynamicObject>,
+        req: &StageRequest,
+        name: &str,
+        dry_run: bool,
+    ) -> Result<(), KubeError> {
         let manifest = trainjob_manifest(req, &self.opts);
         let object: DynamicObject = serde_json::from_value(manifest).map_err(|e| KubeError::Invalid {
             stage: req.stage.clone(),
@@ -157,12 +165,14 @@ impl KubeBackend {
                 }
                 // An admission webhook's refusal comes as 403 or 422: the object, not the
                 // caller's rights, is at fault.
-                Some(s) if s.is_invalid() || s.code == 400 || crate::error::is_admission_denial(s) => Err(KubeError::Invalid {
-                    stage: req.stage.clone(),
-                    kind: "TrainJob".into(),
-                    name: name.into(),
-                    message: s.message.clone(),
-                }),
+                Some(s) if s.is_invalid() || s.code == 400 || crate::error::is_admission_denial(s) => {
+                    Err(KubeError::Invalid {
+                        stage: req.stage.clone(),
+                        kind: "TrainJob".into(),
+                        name: name.into(),
+                        message: s.message.clone(),
+                    })
+                }
                 _ => Err(self.call_err(e, "create", "trainjobs", name)),
             },
         }
@@ -206,7 +216,9 @@ fn check_ownership(obj: &DynamicObject, req: &StageRequest, name: &str) -> Resul
     for (key, want) in expect {
         match ann.get(key) {
             Some(have) if have == want => {}
-            Some(have) => return Err(foreign(format!("its annotation {key} is \"{have}\", this stage's is \"{want}\""))),
+            Some(have) => {
+                return Err(foreign(format!("its annotation {key} is \"{have}\", this stage's is \"{want}\"")))
+            }
             None => return Err(foreign(format!("it has no annotation {key}"))),
         }
     }

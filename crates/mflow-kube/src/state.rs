@@ -32,9 +32,15 @@ impl SeenPods {
         let marked = |p: &Pod| p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(SEEN_DELETED_RUNNING));
         let same = |p: &Pod| p.metadata.uid == pod.metadata.uid;
         if deleting_while_running(&pod) || self.pods.get(&name).is_some_and(|old| marked(&old.pod) && same(&old.pod)) {
-            pod.metadata.annotations.get_or_insert_with(Default::default).insert(SEEN_DELETED_RUNNING.into(), "true".into());
+            pod.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(SEEN_DELETED_RUNNING.into(), "true".into());
         }
-        let ended = gone || pod.metadata.deletion_timestamp.is_some() || node_container_ended(&pod) || matches!(phase(&pod), "Succeeded" | "Failed");
+        let ended = gone
+            || pod.metadata.deletion_timestamp.is_some()
+            || node_container_ended(&pod)
+            || matches!(phase(&pod), "Succeeded" | "Failed");
         if ended && !self.ends.contains(&name) {
             self.ends.push(name.clone());
         }
@@ -64,7 +70,8 @@ impl SeenPods {
     /// The state line of the TrainJob from its pods. Once a pod has started, the state never
     /// falls back to `pending`: pods that finished wait for the TrainJob's condition.
     pub fn state(&self, nodes: u32, started: bool, now: Timestamp) -> State {
-        let troubles: Vec<(String, String)> = self.pods.values().filter(|s| !s.gone).filter_map(|s| trouble(&s.pod, now)).collect();
+        let troubles: Vec<(String, String)> =
+            self.pods.values().filter(|s| !s.gone).filter_map(|s| trouble(&s.pod, now)).collect();
         let running = self.live().filter(|p| phase(p) == "Running" && !not_ready(p)).count();
         let finished = self.live().filter(|p| matches!(phase(p), "Succeeded" | "Failed")).count();
         let (key, mut text) = if running > 0 {
@@ -326,7 +333,10 @@ mod tests {
         );
         // The taint manager deletes it; the kubelet never confirms.
         let mut deleting = not_ready;
-        merge(&mut deleting, json!({"metadata": {"deletionTimestamp": "2026-01-01T00:06:10Z", "deletionGracePeriodSeconds": 30}}));
+        merge(
+            &mut deleting,
+            json!({"metadata": {"deletionTimestamp": "2026-01-01T00:06:10Z", "deletionGracePeriodSeconds": 30}}),
+        );
         seen.observe(pod("p", 0, deleting), false);
         let early = seen.state(1, true, at("2026-01-01T00:06:00Z"));
         assert!(early.text.ends_with("rank 0 (pod p) is being deleted (since 00:05:40 UTC)"), "{}", early.text);
@@ -352,7 +362,10 @@ mod tests {
         assert_eq!(c.due().as_deref(), Some("running on 100/128 nodes"));
         assert_eq!(c.offer(st("running", "running on 101/128 nodes")), None);
         // A new state is said at once, and the waiting count with it is dropped.
-        assert_eq!(c.offer(st("finished", "pods finished on 128/128 nodes")).as_deref(), Some("pods finished on 128/128 nodes"));
+        assert_eq!(
+            c.offer(st("finished", "pods finished on 128/128 nodes")).as_deref(),
+            Some("pods finished on 128/128 nodes")
+        );
         assert_eq!(c.deadline(), None);
         assert_eq!(c.offer(st("finished", "pods finished on 128/128 nodes")), None, "the same line is not said twice");
     }

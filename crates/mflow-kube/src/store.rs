@@ -90,7 +90,12 @@ impl KubeBackend {
         self.put_workloads(digest, files, true).await
     }
 
-    async fn put_workloads(&self, digest: &str, files: &BTreeMap<String, String>, dry_run: bool) -> Result<(), KubeError> {
+    async fn put_workloads(
+        &self,
+        digest: &str,
+        files: &BTreeMap<String, String>,
+        dry_run: bool,
+    ) -> Result<(), KubeError> {
         let cm = workloads_configmap(digest, files)?;
         let name = workloads_configmap_name(digest);
         let api = self.configmaps();
@@ -124,7 +129,8 @@ impl KubeBackend {
     /// The cache-index entry of (pipeline, key), if the cluster has one.
     pub async fn cache_get(&self, pipeline: &str, key: &str) -> Result<Option<CacheEntry>, KubeError> {
         let name = cache_configmap_name(pipeline, key);
-        let Some(cm) = self.configmaps().get_opt(&name).await.map_err(|e| self.call_err(e, "get", "configmaps", &name))?
+        let Some(cm) =
+            self.configmaps().get_opt(&name).await.map_err(|e| self.call_err(e, "get", "configmaps", &name))?
         else {
             return Ok(None);
         };
@@ -254,7 +260,10 @@ fn workloads_zip(files: &BTreeMap<String, String>) -> Result<Vec<u8>, KubeError>
     if bytes.len() > MAX_WORKLOAD_BYTES {
         return Err(KubeError::BadWorkload {
             path: WORKLOADS_ZIP.into(),
-            problem: format!("the archive is {} bytes, over the {MAX_WORKLOAD_BYTES}-byte ConfigMap budget", bytes.len()),
+            problem: format!(
+                "the archive is {} bytes, over the {MAX_WORKLOAD_BYTES}-byte ConfigMap budget",
+                bytes.len()
+            ),
         });
     }
     Ok(bytes)

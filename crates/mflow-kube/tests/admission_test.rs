@@ -44,12 +44,7 @@ async fn call(client: &Client, method: Method, path: &str, body: &Value) -> Repl
         .unwrap();
     let response = client.send(request).await.unwrap();
     let code = response.status().as_u16();
-    let warnings = response
-        .headers()
-        .get_all("warning")
-        .iter()
-        .map(|v| v.to_str().unwrap().to_string())
-        .collect();
+    let warnings = response.headers().get_all("warning").iter().map(|v| v.to_str().unwrap().to_string()).collect();
     let bytes = response.into_body().collect_bytes().await.unwrap();
     Reply { code, body: serde_json::from_slice(&bytes).unwrap(), warnings }
 }
@@ -130,13 +125,21 @@ async fn cel_rules_refuse_a_trainjob_with_the_servers_words() {
     let long = "a".repeat(64);
     let reply = call(&client, Method::POST, TRAINJOBS, &trainjob(&long)).await;
     assert_eq!(reply.code, 422);
-    assert!(reply.message().ends_with("is invalid: <nil>: Invalid value: metadata.name must be no more than 63 characters"), "{}", reply.message());
+    assert!(
+        reply.message().ends_with("is invalid: <nil>: Invalid value: metadata.name must be no more than 63 characters"),
+        "{}",
+        reply.message()
+    );
 
     // Not a DNS subdomain: the generic name rule and the CRD's both speak.
     let reply = call(&client, Method::POST, TRAINJOBS, &trainjob("Job_A")).await;
     assert_eq!(reply.code, 422);
     assert!(reply.message().starts_with("TrainJob.trainer.kubeflow.org \"Job_A\" is invalid: [metadata.name: Invalid value: \"Job_A\": a lowercase RFC 1123 subdomain"), "{}", reply.message());
-    assert!(reply.message().ends_with(", <nil>: Invalid value: metadata.name must match RFC 1035 DNS label format]"), "{}", reply.message());
+    assert!(
+        reply.message().ends_with(", <nil>: Invalid value: metadata.name must match RFC 1035 DNS label format]"),
+        "{}",
+        reply.message()
+    );
 }
 
 #[tokio::test]
@@ -149,13 +152,19 @@ async fn transition_rules_make_the_trainer_and_the_runtime_ref_immutable() {
     changed["spec"]["trainer"]["image"] = json!("busybox:2");
     let reply = call(&client, Method::PUT, &path, &changed).await;
     assert_eq!(reply.code, 422, "{}", reply.body);
-    assert_eq!(reply.message(), "TrainJob.trainer.kubeflow.org \"job-a\" is invalid: spec.trainer: Invalid value: field is immutable");
+    assert_eq!(
+        reply.message(),
+        "TrainJob.trainer.kubeflow.org \"job-a\" is invalid: spec.trainer: Invalid value: field is immutable"
+    );
 
     let mut moved = stored.clone();
     moved["spec"]["runtimeRef"]["name"] = json!("other");
     let reply = call(&client, Method::PUT, &path, &moved).await;
     assert_eq!(reply.code, 422, "{}", reply.body);
-    assert_eq!(reply.message(), "TrainJob.trainer.kubeflow.org \"job-a\" is invalid: spec.runtimeRef: Invalid value: field is immutable");
+    assert_eq!(
+        reply.message(),
+        "TrainJob.trainer.kubeflow.org \"job-a\" is invalid: spec.runtimeRef: Invalid value: field is immutable"
+    );
 
     // Suspending is what a TrainJob may change.
     let mut suspended = stored.clone();
@@ -191,11 +200,14 @@ async fn unknown_fields_are_a_strict_decoding_error() {
 
     let reply = call(&client, Method::POST, &format!("{TRAINJOBS}?fieldValidation=Warn"), &job).await;
     assert_eq!(reply.code, 201, "{}", reply.body);
-    assert_eq!(reply.warnings, [
-        r#"299 - "unknown field \"spec.foo\"""#,
-        r#"299 - "unknown field \"spec.trainer.env[0].colour\"""#,
-        r#"299 - "unknown field \"metadata.owner\"""#,
-    ]);
+    assert_eq!(
+        reply.warnings,
+        [
+            r#"299 - "unknown field \"spec.foo\"""#,
+            r#"299 - "unknown field \"spec.trainer.env[0].colour\"""#,
+            r#"299 - "unknown field \"metadata.owner\"""#,
+        ]
+    );
     let stored = api.shared.get("trainjobs", NS, "job-a").unwrap();
     assert!(stored["spec"].get("foo").is_none() && stored["metadata"].get("owner").is_none(), "{stored}");
 
@@ -250,7 +262,11 @@ async fn trainers_webhook_refuses_reserved_variables_and_missing_runtimes_in_its
     job["spec"]["runtimeRef"]["kind"] = json!("JAXRuntime");
     let reply = call(&client, Method::POST, TRAINJOBS, &job).await;
     assert_eq!(reply.code, 403);
-    assert!(reply.message().ends_with("denied the request: unsupported runtime: JAXRuntime.trainer.kubeflow.org"), "{}", reply.message());
+    assert!(
+        reply.message().ends_with("denied the request: unsupported runtime: JAXRuntime.trainer.kubeflow.org"),
+        "{}",
+        reply.message()
+    );
 }
 
 #[tokio::test]
@@ -259,7 +275,10 @@ async fn the_server_stores_defaults_and_trainers_patch_times_but_no_status() {
     let mut job = trainjob("job-a");
     job["status"] = json!({"conditions": [{"type": "Complete", "status": "True"}]});
     let stored = created(&client, &job).await;
-    assert_eq!(stored["spec"]["runtimeRef"], json!({"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"}));
+    assert_eq!(
+        stored["spec"]["runtimeRef"],
+        json!({"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"})
+    );
     assert_eq!(stored["spec"]["managedBy"], "trainer.kubeflow.org/trainjob-controller");
     assert_eq!(stored["spec"]["suspend"], false);
     assert_eq!(stored["spec"]["runtimePatches"][0]["time"], "2026-01-01T00:00:00Z");
@@ -286,7 +305,8 @@ async fn runtimes_are_checked_against_their_crds_rules() {
         let path = format!("{}/../../examples/kubernetes/{file}", env!("CARGO_MANIFEST_DIR"));
         let runtime: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let mut checked = runtime.clone();
-        let warnings = api.shared.admit("clustertrainingruntimes", "", &mut checked, None, FieldValidation::Warn).unwrap();
+        let warnings =
+            api.shared.admit("clustertrainingruntimes", "", &mut checked, None, FieldValidation::Warn).unwrap();
         assert!(warnings.is_empty(), "{file}: {warnings:?}");
         api.add_runtime(runtime);
     }

@@ -80,7 +80,8 @@ async fn run(backend: &KubeBackend, req: &StageRequest) -> (Result<Outcome, Kube
         }
         lines
     });
-    let outcome = tokio::time::timeout(LIMIT, backend.run(req, tx, CancellationToken::new())).await.expect("run timed out");
+    let outcome =
+        tokio::time::timeout(LIMIT, backend.run(req, tx, CancellationToken::new())).await.expect("run timed out");
     (outcome, collect.await.unwrap())
 }
 
@@ -101,7 +102,14 @@ async fn preflight_passes_on_a_ready_cluster() {
 async fn a_chain_of_stages_runs_to_completion() {
     let cluster = Cluster::start(HashMap::new()).await;
     let backend = cluster.backend().await;
-    let chain = [("model", "model", 1), ("convert", "convert", 1), ("dataset", "dataset", 1), ("train", "train", 2), ("evaluate", "evaluate", 1), ("export", "export", 1)];
+    let chain = [
+        ("model", "model", 1),
+        ("convert", "convert", 1),
+        ("dataset", "dataset", 1),
+        ("train", "train", 2),
+        ("evaluate", "evaluate", 1),
+        ("export", "export", 1),
+    ];
     for (stage, kind, nodes) in chain {
         let req = request(stage, kind, nodes);
         let (outcome, logs) = run(&backend, &req).await;
@@ -111,13 +119,20 @@ async fn a_chain_of_stages_runs_to_completion() {
         assert_eq!(job["metadata"]["labels"]["mflow.dev/stage"], stage);
         // Rank 0 is followed; the other ranks' logs are read only when they fail.
         assert_eq!(logs.iter().filter(|l| l.rank == Some(0)).count(), 3, "{stage}: {logs:?}");
-        assert_eq!(logs.iter().filter(|l| l.rank.is_some_and(|r| r > 0)).count(), 0, "{stage} on {nodes} nodes: {logs:?}");
+        assert_eq!(
+            logs.iter().filter(|l| l.rank.is_some_and(|r| r > 0)).count(),
+            0,
+            "{stage} on {nodes} nodes: {logs:?}"
+        );
         assert!(logs.iter().any(|l| l.line.contains("completed")), "{logs:?}");
     }
     // Pods carry mflow's labels through the runtime patch.
     let pods = cluster.api.shared.list("pods", NS);
     assert!(pods.iter().all(|p| p["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "mflow"));
-    assert_eq!(cluster.api.shared.count_requests("POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs"), 6);
+    assert_eq!(
+        cluster.api.shared.count_requests("POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs"),
+        6
+    );
 }
 
 #[tokio::test]
@@ -185,10 +200,17 @@ async fn failures_are_classified() {
     // A pod deleted while it ran (kubectl delete pod, a drain): a disruption, said as such.
     let (class, message) = failed(run(&backend, &request("deleted", "train", 2)).await.0.unwrap());
     assert_eq!(class, FailureClass::Infra, "{message}");
-    assert!(message.starts_with("rank 0: pod ") && message.contains("was deleted while its container ran (it then exited with code 137 (SIGKILL))"), "{message}");
+    assert!(
+        message.starts_with("rank 0: pod ")
+            && message.contains("was deleted while its container ran (it then exited with code 137 (SIGKILL))"),
+        "{message}"
+    );
     let (class, message) = failed(run(&backend, &request("vanished", "train", 2)).await.0.unwrap());
     assert_eq!(class, FailureClass::Infra, "{message}");
-    assert!(message.starts_with("rank 1: pod ") && message.ends_with("was deleted while its container ran"), "{message}");
+    assert!(
+        message.starts_with("rank 1: pod ") && message.ends_with("was deleted while its container ran"),
+        "{message}"
+    );
 
     let (class, _) = failed(run(&backend, &request("deadline", "train", 1)).await.0.unwrap());
     assert_eq!(class, FailureClass::Timeout);
@@ -232,7 +254,10 @@ async fn reattaches_after_the_client_is_recreated_mid_run() {
     // Rank 0 is followed to its end; the other ranks succeeded, so their logs are not read.
     assert!(logs.iter().any(|l| l.rank == Some(0) && l.line == "released node 0"), "{logs:?}");
     assert!(!logs.iter().any(|l| l.rank == Some(1)), "{logs:?}");
-    assert_eq!(cluster.api.shared.count_requests("POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs"), 1);
+    assert_eq!(
+        cluster.api.shared.count_requests("POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs"),
+        1
+    );
 }
 
 #[tokio::test]
@@ -249,7 +274,10 @@ async fn a_completed_own_trainjob_is_not_rerun_and_a_failed_one_is_resubmitted()
     assert!(matches!(run(&backend, &flaky).await.0.unwrap(), Outcome::Failed { .. }));
     let (_, logs) = run(&backend, &flaky).await;
     assert!(logs.iter().any(|l| l.line.contains("which failed in an earlier run")), "{logs:?}");
-    assert_eq!(cluster.api.shared.count_requests("POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs"), 3);
+    assert_eq!(
+        cluster.api.shared.count_requests("POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs"),
+        3
+    );
 }
 
 #[tokio::test]
@@ -279,8 +307,15 @@ async fn missing_permissions_are_named() {
     insta::assert_snapshot!("forbidden_preflight", render(&err));
     let (outcome, _) = run(&backend, &request("convert", "convert", 1)).await;
     let err = outcome.unwrap_err();
-    assert!(matches!(&err, KubeError::Forbidden { verb, resource, .. } if verb == "create" && resource == "trainjobs"), "{err}");
-    assert!(err.to_string().contains("cannot create resource \\\"trainjobs\\\"") || err.to_string().contains("cannot create resource"), "{err}");
+    assert!(
+        matches!(&err, KubeError::Forbidden { verb, resource, .. } if verb == "create" && resource == "trainjobs"),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("cannot create resource \\\"trainjobs\\\"")
+            || err.to_string().contains("cannot create resource"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -288,7 +323,8 @@ async fn the_rbac_example_grants_all_mflow_needs() {
     let cluster = Cluster::start(HashMap::from([("user", Scenario::Exit { rank: 0, code: 1 })])).await;
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/kubernetes/rbac.yaml");
     let text = std::fs::read_to_string(path).unwrap();
-    let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&text).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect();
+    let docs: Vec<Value> =
+        serde_yaml::Deserializer::from_str(&text).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect();
     cluster.api.shared.enforce_rbac(&docs);
     let backend = cluster.backend().await;
     // Reading the CRD is not granted: the version check is skipped, the rest must pass.
@@ -297,14 +333,26 @@ async fn the_rbac_example_grants_all_mflow_needs() {
         assert_eq!(run(&backend, &request(stage, stage, nodes)).await.0.unwrap(), Outcome::Succeeded);
     }
     assert_eq!(failed(run(&backend, &request("user", "train", 1)).await.0.unwrap()).0, FailureClass::User);
-    backend.ensure_workloads("abcdef0123456789", &BTreeMap::from([("mflow_workloads/a.py".to_string(), String::new())])).await.unwrap();
-    let entry = CacheEntry { stage: "convert".into(), kind: "convert".into(), output: "o".into(), digest: None, bytes: None, created: "2026-11-30T00:00:00Z".into(), extra: BTreeMap::new() };
+    backend
+        .ensure_workloads("abcdef0123456789", &BTreeMap::from([("mflow_workloads/a.py".to_string(), String::new())]))
+        .await
+        .unwrap();
+    let entry = CacheEntry {
+        stage: "convert".into(),
+        kind: "convert".into(),
+        output: "o".into(),
+        digest: None,
+        bytes: None,
+        created: "2026-11-30T00:00:00Z".into(),
+        extra: BTreeMap::new(),
+    };
     backend.cache_put("gpt-tp2", "00ff", &entry).await.unwrap();
     backend.cache_put("gpt-tp2", "00ff", &entry).await.unwrap();
     assert_eq!(backend.cache_list("gpt-tp2").await.unwrap().len(), 1);
     // And it grants no more than the documented verbs on TrainJobs.
     let role = docs.iter().find(|d| d["kind"] == "Role").unwrap();
-    let trainjob_rule = role["rules"].as_array().unwrap().iter().find(|r| r["resources"] == json!(["trainjobs"])).unwrap();
+    let trainjob_rule =
+        role["rules"].as_array().unwrap().iter().find(|r| r["resources"] == json!(["trainjobs"])).unwrap();
     assert_eq!(trainjob_rule["verbs"], json!(["create", "get", "list", "watch", "delete"]));
 }
 
@@ -323,7 +371,10 @@ async fn preflight_explains_missing_pieces() {
     let cluster = Cluster::start(HashMap::new()).await;
     let opts = KubeOptions { runtimes: vec!["megatron".into()], ..cluster.options() };
     let err = KubeBackend::connect(opts).await.unwrap().preflight().await.unwrap_err();
-    assert!(matches!(&err, KubeError::RuntimeMissing { available, .. } if available == &["mflow-torch".to_string()]), "{err}");
+    assert!(
+        matches!(&err, KubeError::RuntimeMissing { available, .. } if available == &["mflow-torch".to_string()]),
+        "{err}"
+    );
     insta::assert_snapshot!("runtime_missing", render(&err));
 
     let opts = KubeOptions { pvc: "nowhere".into(), ..cluster.options() };
@@ -361,7 +412,10 @@ async fn the_server_rejection_is_shown_with_the_stage() {
     let mut req = request("convert", "convert", 1);
     req.runtime = "torch-distributed".into();
     let err = run(&backend, &req).await.0.unwrap_err();
-    assert!(matches!(&err, KubeError::Invalid { stage, message, .. } if stage == "convert" && message.contains("clusterTrainingRuntime must be created")), "{err}");
+    assert!(
+        matches!(&err, KubeError::Invalid { stage, message, .. } if stage == "convert" && message.contains("clusterTrainingRuntime must be created")),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -428,7 +482,8 @@ async fn unschedulable_pods_say_why() {
     let (outcome, logs) = run(&backend, &request("train", "train", 2)).await;
     assert_eq!(outcome.unwrap(), Outcome::Succeeded);
     assert!(
-        logs.iter().any(|l| l.rank.is_none() && l.line.contains("cannot be scheduled yet (0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)")),
+        logs.iter().any(|l| l.rank.is_none()
+            && l.line.contains("cannot be scheduled yet (0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)")),
         "{logs:#?}"
     );
 }

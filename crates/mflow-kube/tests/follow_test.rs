@@ -27,7 +27,11 @@ async fn api() -> FakeApi {
 }
 
 async fn backend(api: &FakeApi, dir: &tempfile::TempDir, tune: impl FnOnce(&mut KubeOptions)) -> KubeBackend {
-    let mut opts = KubeOptions { kubeconfig: Some(api.kubeconfig(dir.path(), NS)), log_drain: Duration::from_secs(5), ..KubeOptions::default() };
+    let mut opts = KubeOptions {
+        kubeconfig: Some(api.kubeconfig(dir.path(), NS)),
+        log_drain: Duration::from_secs(5),
+        ..KubeOptions::default()
+    };
     tune(&mut opts);
     KubeBackend::connect(opts).await.unwrap()
 }
@@ -80,7 +84,12 @@ fn log_requests(api: &FakeApi) -> usize {
 /// The pods of the TrainJob of `req` as the fake controller names them.
 fn pods_of(api: &FakeApi, req: &StageRequest) -> Vec<String> {
     let name = trainjob_name(&req.pipeline, &req.stage, &req.key, 1);
-    api.shared.list("pods", NS).into_iter().filter(|p| p["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] == name.as_str()).map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).collect()
+    api.shared
+        .list("pods", NS)
+        .into_iter()
+        .filter(|p| p["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] == name.as_str())
+        .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
 }
 
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -95,7 +104,10 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 async fn an_api_server_restart_loses_no_line_and_is_said_once() {
     let api = api().await;
     let release = Arc::new(Notify::new());
-    let _c = controller::spawn(api.shared.clone(), controller::by_stage(HashMap::from([("long", Scenario::HoldThenSucceed(release.clone()))])));
+    let _c = controller::spawn(
+        api.shared.clone(),
+        controller::by_stage(HashMap::from([("long", Scenario::HoldThenSucceed(release.clone()))])),
+    );
     let dir = tempfile::tempdir().unwrap();
     let backend = backend(&api, &dir, |_| {}).await;
     let req = request("long", "command", 1);
@@ -137,7 +149,10 @@ async fn an_api_server_restart_loses_no_line_and_is_said_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_rank_0_is_followed_and_a_failed_rank_is_read_whole() {
     let api = api().await;
-    let _c = controller::spawn(api.shared.clone(), controller::by_stage(HashMap::from([("train", Scenario::Exit { rank: 2, code: 3 })])));
+    let _c = controller::spawn(
+        api.shared.clone(),
+        controller::by_stage(HashMap::from([("train", Scenario::Exit { rank: 2, code: 3 })])),
+    );
     let dir = tempfile::tempdir().unwrap();
     let backend = backend(&api, &dir, |_| {}).await;
     let (task, rx) = start(&backend, &request("train", "train", 4));
@@ -162,7 +177,8 @@ async fn many_nodes_give_few_state_lines_and_one_stream() {
     let (outcome, lines) = finish(task, rx).await;
     assert_eq!(outcome, Outcome::Succeeded);
     let said = own(&lines);
-    let states = said.iter().filter(|l| l.contains("running on") || l.contains("pending") || l.contains("finished on")).count();
+    let states =
+        said.iter().filter(|l| l.contains("running on") || l.contains("pending") || l.contains("finished on")).count();
     assert!(states <= 6, "{states} state lines for 64 pods: {said:#?}");
     assert!(said.iter().any(|l| l.ends_with("running on 64/64 nodes") || l.contains("finished on 64/64")), "{said:#?}");
     assert!(lines.iter().all(|l| l.rank.is_none() || l.rank == Some(0)));
@@ -172,7 +188,13 @@ async fn many_nodes_give_few_state_lines_and_one_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_suspension_is_said_live_pods_counted_and_the_resume_point_named() {
     let api = api().await;
-    let _c = controller::spawn(api.shared.clone(), controller::by_stage(HashMap::from([("train", Scenario::SuspendedWhileRunning), ("cmd", Scenario::SuspendedWhileRunning)])));
+    let _c = controller::spawn(
+        api.shared.clone(),
+        controller::by_stage(HashMap::from([
+            ("train", Scenario::SuspendedWhileRunning),
+            ("cmd", Scenario::SuspendedWhileRunning),
+        ])),
+    );
     let dir = tempfile::tempdir().unwrap();
     let backend = backend(&api, &dir, |_| {}).await;
     // The train stage's status file on the volume names its newest checkpoint.
@@ -185,10 +207,17 @@ async fn a_suspension_is_said_live_pods_counted_and_the_resume_point_named() {
     assert_eq!(outcome, Outcome::Succeeded);
     let said = own(&lines);
     let suspended = said.iter().position(|l| l.contains("is suspended")).expect("suspension said");
-    let resumed = said.iter().position(|l| l.ends_with("was resumed: new pods run the stage again, from its newest checkpoint (iteration 40)")).expect("resume said");
+    let resumed = said
+        .iter()
+        .position(|l| {
+            l.ends_with("was resumed: new pods run the stage again, from its newest checkpoint (iteration 40)")
+        })
+        .expect("resume said");
     assert!(suspended < resumed, "{said:#?}");
     for l in &said {
-        if let Some((k, n)) = l.split("running on ").nth(1).and_then(|r| r.split(" nodes").next()).and_then(|r| r.split_once('/')) {
+        if let Some((k, n)) =
+            l.split("running on ").nth(1).and_then(|r| r.split(" nodes").next()).and_then(|r| r.split_once('/'))
+        {
             assert!(k.parse::<u32>().unwrap() <= n.parse::<u32>().unwrap(), "deleted pods counted: {l}");
         }
     }
@@ -196,14 +225,20 @@ async fn a_suspension_is_said_live_pods_counted_and_the_resume_point_named() {
 
     let (task, rx) = start(&backend, &request("cmd", "command", 1));
     let (_, lines) = finish(task, rx).await;
-    assert!(own(&lines).iter().any(|l| l.ends_with("was resumed: new pods run the stage again, from the beginning")), "{lines:#?}");
+    assert!(
+        own(&lines).iter().any(|l| l.ends_with("was resumed: new pods run the stage again, from the beginning")),
+        "{lines:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_whose_node_stops_reporting_is_said_not_running() {
     let api = api().await;
     let release = Arc::new(Notify::new());
-    let _c = controller::spawn(api.shared.clone(), controller::by_stage(HashMap::from([("long", Scenario::HoldThenSucceed(release.clone()))])));
+    let _c = controller::spawn(
+        api.shared.clone(),
+        controller::by_stage(HashMap::from([("long", Scenario::HoldThenSucceed(release.clone()))])),
+    );
     let dir = tempfile::tempdir().unwrap();
     let backend = backend(&api, &dir, |_| {}).await;
     let req = request("long", "command", 1);
@@ -215,7 +250,8 @@ async fn a_pod_whose_node_stops_reporting_is_said_not_running() {
     let pod = pods_of(&api, &req).remove(0);
     api.shared.modify("pods", NS, &pod, |p| {
         p["spec"]["nodeName"] = json!("gpu-7");
-        p["status"]["conditions"] = json!([{"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T00:00:40Z"}]);
+        p["status"]["conditions"] =
+            json!([{"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T00:00:40Z"}]);
     });
     // The taint manager deleted it five minutes later; the grace period is long over.
     api.shared.modify("pods", NS, &pod, |p| {
@@ -235,7 +271,12 @@ async fn a_pod_whose_node_stops_reporting_is_said_not_running() {
     let said = own(&lines);
     let stuck = said.iter().find(|l| l.contains("is stuck terminating")).unwrap();
     assert!(stuck.contains("running on 0/1 nodes;"), "a pod being deleted is not counted as running: {stuck}");
-    assert!(stuck.contains("since 00:05:40 UTC: its node gpu-7 is not ready, so nothing confirms that the container stopped"), "{stuck}");
+    assert!(
+        stuck.contains(
+            "since 00:05:40 UTC: its node gpu-7 is not ready, so nothing confirms that the container stopped"
+        ),
+        "{stuck}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,7 +66,10 @@ async fn a_trainjob_without_pods_is_given_up_as_infra_with_a_hint_and_deleted() 
     let req = request("stuck");
     let (tx, rx) = mpsc::channel(64);
     let lines = collect(rx);
-    let outcome = tokio::time::timeout(Duration::from_secs(20), backend.run(&req, tx, CancellationToken::new())).await.unwrap().unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), backend.run(&req, tx, CancellationToken::new()))
+        .await
+        .unwrap()
+        .unwrap();
     let Outcome::Failed { class, message } = outcome else { panic!("{outcome:?}") };
     assert_eq!(class, FailureClass::Infra, "{message}");
     assert!(message.contains("did not start within 2s"), "{message}");
@@ -81,9 +84,16 @@ async fn a_trainjob_without_pods_is_given_up_as_infra_with_a_hint_and_deleted() 
 async fn detaching_leaves_the_trainjob_running_and_a_second_run_reattaches() {
     let api = api().await;
     let release = std::sync::Arc::new(Notify::new());
-    let _controller = controller::spawn(api.shared.clone(), controller::by_stage(HashMap::from([("long", Scenario::HoldThenSucceed(release.clone()))])));
+    let _controller = controller::spawn(
+        api.shared.clone(),
+        controller::by_stage(HashMap::from([("long", Scenario::HoldThenSucceed(release.clone()))])),
+    );
     let dir = tempfile::tempdir().unwrap();
-    let opts = KubeOptions { kubeconfig: Some(api.kubeconfig(dir.path(), NS)), log_drain: Duration::from_secs(2), ..KubeOptions::default() };
+    let opts = KubeOptions {
+        kubeconfig: Some(api.kubeconfig(dir.path(), NS)),
+        log_drain: Duration::from_secs(2),
+        ..KubeOptions::default()
+    };
     let backend = KubeBackend::connect(opts).await.unwrap();
     let req = request("long");
     let name = trainjob_name(&req.pipeline, &req.stage, &req.key, 1);
@@ -117,5 +127,8 @@ async fn detaching_leaves_the_trainjob_running_and_a_second_run_reattaches() {
     let outcome = tokio::time::timeout(Duration::from_secs(20), second).await.unwrap().unwrap().unwrap();
     assert_eq!(outcome, Outcome::Succeeded);
     assert!(lines.await.unwrap().iter().any(|l| l.contains("reattaching to TrainJob")));
-    assert_eq!(api.shared.count_requests(&format!("POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs")), 1);
+    assert_eq!(
+        api.shared.count_requests(&format!("POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs")),
+        1
+    );
 }

@@ -124,7 +124,8 @@ fn example_runtimes_validate_against_the_clustertrainingruntime_crd() {
         assert!(runtime["spec"]["mlPolicy"]["torch"].is_object(), "{file}");
     }
     let cpu = example("runtime-cpu.yaml");
-    let container = &cpu["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0];
+    let container =
+        &cpu["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0];
     assert!(container["resources"]["limits"].get("nvidia.com/gpu").is_none());
     let runtime = example("runtime.yaml");
     // The upstream runtime passes the same check, so the validator is not just permissive.
@@ -138,7 +139,10 @@ fn example_runtimes_validate_against_the_clustertrainingruntime_crd() {
 #[test]
 fn manifest_shape() {
     insta::assert_json_snapshot!("train_manifest", trainjob_manifest(&fixture_request("train"), &options()));
-    insta::assert_json_snapshot!("convert_manifest", trainjob_manifest(&fixture_request("convert"), &KubeOptions::default()));
+    insta::assert_json_snapshot!(
+        "convert_manifest",
+        trainjob_manifest(&fixture_request("convert"), &KubeOptions::default())
+    );
 }
 
 #[test]
@@ -177,7 +181,10 @@ fn long_names_are_shortened_deterministically() {
     let name = trainjob_name("a-very-long-pipeline-name-for-llama-finetuning", "evaluate-on-held-out-set", key, 12);
     assert!(name.len() <= MAX_TRAINJOB_NAME && is_rfc1035_label(&name), "{name}");
     assert!(name.ends_with("01234567-a12"), "{name}");
-    assert_eq!(name, trainjob_name("a-very-long-pipeline-name-for-llama-finetuning", "evaluate-on-held-out-set", key, 12));
+    assert_eq!(
+        name,
+        trainjob_name("a-very-long-pipeline-name-for-llama-finetuning", "evaluate-on-held-out-set", key, 12)
+    );
 }
 
 proptest! {

@@ -8,8 +8,8 @@
 //! Python workloads write the same lines; see `workloads/mflow_workloads/events.py`. A stage may
 //! also name the class of its own failure ([`FailureClass`]) in its `MFLOW_STATUS` file.
 
-mod class;
-pub use class::FailureClass;
+pub use mflow_contract::workload::Progress as Event;
+pub use mflow_contract::FailureClass;
 
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
@@ -18,38 +18,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::{Deserialize, Serialize};
 
 /// Environment variable naming the progress file.
-pub const ENV: &str = "MFLOW_PROGRESS";
+pub const ENV: &str = mflow_contract::vars::PROGRESS;
 
 /// Smallest interval between two progress lines, so that a hot loop costs nothing.
 const MIN_INTERVAL: Duration = Duration::from_millis(200);
-
-/// One line of the progress file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Event {
-    /// What is being counted ("convert", "tokenize", "train").
-    #[serde(default)]
-    pub label: String,
-    pub done: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub total: Option<u64>,
-    /// "bytes", "tokens", "it", "files", ...
-    #[serde(default)]
-    pub unit: String,
-    /// A short free-text status, e.g. "loss 3.21".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-}
-
-impl Event {
-    /// Parses one line; returns `None` for anything that is not an event, so that a stage
-    /// writing garbage never disturbs the run.
-    pub fn parse(line: &str) -> Option<Event> {
-        serde_json::from_str(line.trim()).ok()
-    }
-}
 
 enum Sink {
     File(Mutex<(File, Instant)>),
@@ -103,14 +77,38 @@ impl Reporter {
         }
     }
 
+    /// Counts `n` more. The count never goes above the total: a producer that would take it
+    /// there counts something its total left out, which debug builds (and so every test) say.
     pub fn inc(&self, n: u64) {
-        let done = self.done.fetch_add(n, Ordering::Relaxed) + n;
-        self.publish(done, false);
+        let mut past = 0;
+        let prev = self
+            .done
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+                let want = d.saturating_add(n);
+                past = self.total.map_or(0, |t| want.saturating_sub(t));
+                Some(want - past)
+            })
+            .expect("the update always gives a value");
+        self.over(past);
+        self.publish(prev.saturating_add(n).min(self.total.unwrap_or(u64::MAX)), false);
     }
 
+    /// Sets the count, held to the total as [`Reporter::inc`] holds it.
     pub fn set(&self, done: u64) {
-        self.done.store(done, Ordering::Relaxed);
-        self.publish(done, false);
+        let past = self.total.map_or(0, |t| done.saturating_sub(t));
+        self.over(past);
+        self.done.store(done - past, Ordering::Relaxed);
+        self.publish(done - past, false);
+    }
+
+    fn over(&self, past: u64) {
+        debug_assert!(
+            past == 0,
+            "progress `{}` counted {past} {} past its total {:?}: its total leaves out what it counts",
+            self.label,
+            self.unit,
+            self.total
+        );
     }
 
     pub fn message(&self, msg: impl Into<String>) {
@@ -132,8 +130,6 @@ impl Reporter {
     }
 
     fn publish(&self, done: u64, force: bool) {
-        // A count that overshoots its estimate never reads as more than all of it.
-        let done = self.total.map_or(done, |t| done.min(t));
         match &self.sink {
             Sink::Quiet => {}
             Sink::Bar(b) => b.set_position(done),
@@ -184,7 +180,11 @@ fn bar(label: &str, total: Option<u64>, unit: &str) -> ProgressBar {
         Some(t) => ProgressBar::new(t),
         None => ProgressBar::new_spinner(),
     };
-    let pos = if unit == "bytes" { "{bytes}/{total_bytes} {binary_bytes_per_sec}" } else { "{human_pos}/{human_len} {per_sec}" };
+    let pos = if unit == "bytes" {
+        "{bytes}/{total_bytes} {binary_bytes_per_sec}"
+    } else {
+        "{human_pos}/{human_len} {per_sec}"
+    };
     let tpl = format!("{label} [{{elapsed_precise}}] {{wide_bar}} {pos} ETA {{eta}} {{msg}}");
     b.set_style(ProgressStyle::with_template(&tpl).unwrap_or_else(|_| ProgressStyle::default_bar()));
     b
@@ -196,32 +196,77 @@ mod tests {
 
     #[test]
     fn events_round_trip_and_garbage_is_ignored() {
-        let ev = Event { label: "train".into(), done: 3, total: Some(10), unit: "it".into(), message: Some("loss 2.5".into()) };
+        let ev = Event {
+            label: "train".into(),
+            done: 3,
+            total: Some(10),
+            unit: "it".into(),
+            message: Some("loss 2.5".into()),
+        };
         let line = serde_json::to_string(&ev).unwrap();
         assert_eq!(Event::parse(&line), Some(ev));
         assert_eq!(Event::parse("not json"), None);
     }
 
-    #[test]
-    fn progress_never_reads_above_its_total() {
-        let dir = std::env::temp_dir().join(format!("mflow-progress-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("progress.jsonl");
-        let file = OpenOptions::new().create(true).append(true).open(&path).unwrap();
-        let r = Reporter {
+    fn to_file(path: &std::path::Path, total: u64) -> Reporter {
+        let file = OpenOptions::new().create(true).append(true).open(path).unwrap();
+        Reporter {
             label: "convert".into(),
             unit: "bytes".into(),
-            total: Some(100),
+            total: Some(total),
             done: AtomicU64::new(0),
             message: Mutex::new(None),
             sink: Sink::File(Mutex::new((file, Instant::now() - MIN_INTERVAL))),
-        };
-        r.inc(60);
-        r.inc(60);
+        }
+    }
+
+    #[test]
+    fn counts_from_many_threads_end_at_the_total_and_never_read_above_it() {
+        let dir = tempfile_dir("threads");
+        let path = dir.join("progress.jsonl");
+        let r = to_file(&path, 8 * 1000 * 7);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| (0..1000).for_each(|_| r.inc(7)));
+            }
+        });
         r.finish();
         let events: Vec<Event> = std::fs::read_to_string(&path).unwrap().lines().filter_map(Event::parse).collect();
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(events.last().map(|e| (e.done, e.total)), Some((100, Some(100))), "{events:?}");
+        assert_eq!(events.last().map(|e| (e.done, e.total)), Some((56_000, Some(56_000))), "{events:?}");
+        assert!(events.iter().all(|e| e.done <= 56_000), "{events:?}");
+    }
+
+    /// A producer whose total leaves out what it counts is a bug every test build says.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "progress `convert` counted 20 bytes past its total Some(100)")]
+    fn counting_past_the_total_is_told_in_debug_builds() {
+        let dir = tempfile_dir("past");
+        let r = to_file(&dir.join("progress.jsonl"), 100);
+        r.inc(60);
+        r.inc(60);
+    }
+
+    /// Elsewhere the count is held to the total.
+    #[test]
+    #[cfg(not(debug_assertions))]
+    fn counting_past_the_total_reads_as_the_total() {
+        let dir = tempfile_dir("held");
+        let path = dir.join("progress.jsonl");
+        let r = to_file(&path, 100);
+        r.inc(60);
+        r.inc(60);
+        r.set(500);
+        r.finish();
+        let events: Vec<Event> = std::fs::read_to_string(&path).unwrap().lines().filter_map(Event::parse).collect();
+        std::fs::remove_dir_all(&dir).unwrap();
         assert!(events.iter().all(|e| e.done <= 100), "{events:?}");
+    }
+
+    fn tempfile_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("mflow-progress-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 }

@@ -45,7 +45,13 @@ pub fn is_commit(s: &str) -> bool {
 /// A ref name git itself would accept, under `refs/`: relative, no `.` or `..` component, no
 /// component starting with a dot or ending in `.lock`, none of git's forbidden characters.
 pub fn valid_ref(r: &str) -> bool {
-    if r.len() > 1024 || !r.starts_with("refs/") || r.ends_with('/') || r.contains("..") || r.contains("@{") || r.contains("//") {
+    if r.len() > 1024
+        || !r.starts_with("refs/")
+        || r.ends_with('/')
+        || r.contains("..")
+        || r.contains("@{")
+        || r.contains("//")
+    {
         return false;
     }
     let bad_char = |c: char| c.is_ascii_control() || " ~^:?*[\\".contains(c);
@@ -124,11 +130,21 @@ pub fn head_commit(git: &Path) -> Option<String> {
         };
         // `valid_ref` keeps `name` inside the directory it is joined to; a link there is not
         // followed.
-        let loose = [Some(git), common.as_deref()].into_iter().flatten().find_map(|d| crate::read_bounded_nofollow(&d.join(&name), SMALL).ok());
+        let loose = [Some(git), common.as_deref()]
+            .into_iter()
+            .flatten()
+            .find_map(|d| crate::read_bounded_nofollow(&d.join(&name), SMALL).ok());
         head = match loose {
             Some(bytes) => parse_head(&bytes)?,
             None => {
-                let packed = [Some(git), common.as_deref()].into_iter().flatten().find_map(|d| crate::open_with(&d.join("packed-refs"), std::fs::OpenOptions::new().read(true), crate::Links::Refuse).ok())?;
+                let packed = [Some(git), common.as_deref()].into_iter().flatten().find_map(|d| {
+                    crate::open_with(
+                        &d.join("packed-refs"),
+                        std::fs::OpenOptions::new().read(true),
+                        crate::Links::Refuse,
+                    )
+                    .ok()
+                })?;
                 return packed_ref(BufReader::new(packed.take(PACKED)), &name);
             }
         };

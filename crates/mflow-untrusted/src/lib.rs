@@ -9,10 +9,18 @@
 //! an excerpt of anything read. These calls block the calling thread on disk I/O: async code
 //! calls them through `spawn_blocking`.
 //!
+//! What a file's sizes make mflow allocate is bounded too, by one memory budget for the whole
+//! process ([`budget`]), asked before the allocation with the document's measured shape
+//! ([`json`]).
+//!
 //! The crate depends on nothing of mflow's, so that every crate of the workspace and the fuzz
 //! targets use this one copy.
 
+pub mod budget;
+#[cfg(any(test, feature = "counting"))]
+pub mod counting;
 pub mod git;
+pub mod json;
 pub mod walk;
 
 use std::fs::{File, FileType, OpenOptions};
@@ -159,7 +167,8 @@ pub fn read_bounded_nofollow(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
 
 /// [`read_bounded`] as UTF-8 text.
 pub fn read_text(path: &Path, limit: u64) -> io::Result<String> {
-    String::from_utf8(read_bounded(path, limit)?).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "it is not UTF-8 text"))
+    String::from_utf8(read_bounded(path, limit)?)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "it is not UTF-8 text"))
 }
 
 /// At most `max` bytes of the regular file `path` from byte `offset` on, and the file's size
@@ -221,7 +230,12 @@ pub struct Escapes {
 
 impl std::fmt::Display for Escapes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "resolves to {}, outside {}; replace the link with a copy of the file", self.target.display(), self.dir.display())
+        write!(
+            f,
+            "resolves to {}, outside {}; replace the link with a copy of the file",
+            self.target.display(),
+            self.dir.display()
+        )
     }
 }
 

@@ -20,7 +20,12 @@ fn hostile_files_are_refused_at_once() {
     sparse.set_len(1 << 40).unwrap();
     std::fs::write(d.join("small"), b"hello").unwrap();
     let t0 = Instant::now();
-    for (name, want) in [("fifo", "a FIFO"), ("zero", "a character device"), ("dir", "a directory"), ("sparse", "more than the 1048576")] {
+    for (name, want) in [
+        ("fifo", "a FIFO"),
+        ("zero", "a character device"),
+        ("dir", "a directory"),
+        ("sparse", "more than the 1048576"),
+    ] {
         let e = read_bounded(&d.join(name), 1 << 20).unwrap_err();
         assert!(e.to_string().contains(want), "{name}: {e}");
         assert!(refusal(&e).is_some(), "{name}: {e:?}");
@@ -92,11 +97,20 @@ fn head_names_a_commit_through_refs_inside_the_repository_only() {
     std::fs::write(git.join("refs/heads/main"), format!("{ID}\n")).unwrap();
     assert_eq!(head_commit_of(tmp.path()).as_deref(), Some(ID));
     std::fs::remove_file(git.join("refs/heads/main")).unwrap();
-    std::fs::write(git.join("packed-refs"), format!("# pack-refs\n{ID} refs/heads/mainx\n{ID} refs/heads/main\n")).unwrap();
+    std::fs::write(git.join("packed-refs"), format!("# pack-refs\n{ID} refs/heads/mainx\n{ID} refs/heads/main\n"))
+        .unwrap();
     assert_eq!(head_commit_of(tmp.path()).as_deref(), Some(ID));
     // What HEAD may not name: paths out of .git, devices, any file's first line.
     std::fs::write(tmp.path().join("SOME"), "secret text\n").unwrap();
-    for head in ["ref: ../../dev/zero", "ref: ../SOME", "ref: SOME", "ref: /dev/zero", "ref: refs/../../SOME", "secret", "ref: refs/heads/main.lock"] {
+    for head in [
+        "ref: ../../dev/zero",
+        "ref: ../SOME",
+        "ref: SOME",
+        "ref: /dev/zero",
+        "ref: refs/../../SOME",
+        "secret",
+        "ref: refs/heads/main.lock",
+    ] {
         std::fs::write(git.join("HEAD"), head).unwrap();
         assert_eq!(head_commit_of(tmp.path()), None, "{head}");
     }
@@ -139,7 +153,19 @@ fn ref_names_are_checked_as_git_does() {
     for ok in ["refs/heads/main", "refs/heads/feature/x-1", "refs/tags/v1.0"] {
         assert!(git::valid_ref(ok), "{ok}");
     }
-    for bad in ["", "HEAD", "SOME/FILE", "refs/", "refs/../x", "refs/heads/.hidden", "/refs/x", "refs//x", "refs/x y", "refs/a\0b", "refs/a.lock"] {
+    for bad in [
+        "",
+        "HEAD",
+        "SOME/FILE",
+        "refs/",
+        "refs/../x",
+        "refs/heads/.hidden",
+        "/refs/x",
+        "refs//x",
+        "refs/x y",
+        "refs/a\0b",
+        "refs/a.lock",
+    ] {
         assert!(!git::valid_ref(bad), "{bad:?}");
     }
     assert_eq!(git::parse_head(b"ref: refs/heads/m\n"), Some(git::Head::Ref("refs/heads/m".into())));
@@ -183,3 +209,6 @@ fn a_walk_stops_at_a_cycle_of_links_and_at_its_bounds() {
     assert!(matches!(walked(&d, walk::Limits { entries: 9, depth: 0 }), Err(walk::WalkError::TooDeep { limit: 0 })));
     assert_eq!(walked(&d, walk::Limits { entries: 6, depth: 1 }).unwrap().len(), 6);
 }
+
+#[global_allocator]
+static COUNTING: counting::Counting = counting::Counting;

@@ -40,9 +40,15 @@ pub const LIMITS: Limits = Limits { entries: 1_000_000, depth: 256 };
 #[derive(Debug)]
 pub enum WalkError<E> {
     /// `path` is a directory already on the path from the start to it, through a link.
-    Cycle { path: PathBuf },
-    TooMany { limit: usize },
-    TooDeep { limit: usize },
+    Cycle {
+        path: PathBuf,
+    },
+    TooMany {
+        limit: usize,
+    },
+    TooDeep {
+        limit: usize,
+    },
     /// What the visitor said.
     Visit(E),
 }
@@ -50,7 +56,9 @@ pub enum WalkError<E> {
 impl<E: std::fmt::Display> std::fmt::Display for WalkError<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            WalkError::Cycle { path } => write!(f, "{} leads back into a directory above it through a symbolic link", path.display()),
+            WalkError::Cycle { path } => {
+                write!(f, "{} leads back into a directory above it through a symbolic link", path.display())
+            }
             WalkError::TooMany { limit } => write!(f, "holds more than {limit} files and directories"),
             WalkError::TooDeep { limit } => write!(f, "is nested more than {limit} directories deep"),
             WalkError::Visit(e) => e.fmt(f),
@@ -107,8 +115,12 @@ pub fn walk<S: Stat, E>(
 
 /// The entries of `dir` in reverse name order, each with whether it is a symbolic link.
 fn list(dir: &Path) -> Vec<(PathBuf, bool)> {
-    let mut entries: Vec<(PathBuf, bool)> =
-        std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| (e.path(), e.file_type().is_ok_and(|t| t.is_symlink()))).collect();
+    let mut entries: Vec<(PathBuf, bool)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| (e.path(), e.file_type().is_ok_and(|t| t.is_symlink())))
+        .collect();
     entries.sort_by(|a, b| b.0.cmp(&a.0));
     entries
 }

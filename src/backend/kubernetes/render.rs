@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use mflow_kube::{KubeBackend, StageRequest};
 use serde_json::Value as Json;
 
-use super::{workload_files, KubernetesError, Layout, OwnOutput};
+use super::layout::Layout;
+use super::{workload_files, KubernetesError};
 use crate::backend::Job;
 use crate::cache::Store;
 use crate::env::Environment;
@@ -43,8 +44,7 @@ pub struct Objects {
 pub fn objects(plan: &Plan, store: &Store) -> Result<Objects, KubernetesError> {
     let layout = Layout::of(plan)?;
     let opts = layout.options(&plan.spec)?;
-    let workdir = plan.spec.workdir();
-    let run_dir = workdir.join("runs").join("rendered");
+    let run_dir = plan.spec.workdir().rendered();
     let scratch = std::env::temp_dir().join(format!("mflow-render-{}-{}", std::process::id(), fastrand::u64(..)));
     // Python programs are replaced by the image's `python`; no interpreter is needed here.
     let env = Environment::detect(Some("python3"));
@@ -71,28 +71,41 @@ fn shape_all(
     for (i, st) in plan.stages.iter().enumerate() {
         let name = st.spec.name.clone();
         // Upstream outputs not computed yet stand in with their own keys.
-        let parts = plan.parts_with(i, &|d| digests[d].clone().or_else(|| Some(format!("pending:{}", keys[d])))).expect("every upstream digest is known or stands in");
+        let parts = plan
+            .parts_with(i, &|d| digests[d].clone().or_else(|| Some(format!("pending:{}", keys[d]))))
+            .expect("every upstream digest is known or stands in");
         let key = parts.key();
-        let provisional_on = st.deps.iter().find_map(|&d| if digests[d].is_none() { Some(plan.stages[d].spec.name.clone()) } else { pending[d].clone() });
+        let provisional_on = st.deps.iter().find_map(|&d| {
+            if digests[d].is_none() {
+                Some(plan.stages[d].spec.name.clone())
+            } else {
+                pending[d].clone()
+            }
+        });
         let cached = store.manifest(&key).filter(|m| m.key == key).map(|m| m.digest.clone());
         keys.push(key.clone());
         digests[i] = cached.clone();
         pending[i] = provisional_on.clone();
 
-        let upstream: BTreeMap<String, PathBuf> = st.deps.iter().map(|&d| (plan.stages[d].spec.name.clone(), store.output_dir(&keys[d]))).collect();
-        let params = crate::spec::substitute_outputs(&st.parts.params, &|u| upstream.get(u).map(|p| p.display().to_string()).unwrap_or_default());
-        let out = store.root().join(".staging").join(format!("{key}.rendered")).join("out");
-        let stage_dir = run_dir.join("stages").join(&name);
-        let config_dir = scratch.join("stages").join(&name);
-        std::fs::create_dir_all(&config_dir).map_err(|e| KubernetesError::Volume { path: config_dir.display().to_string(), message: e.to_string() })?;
+        let upstream: BTreeMap<String, PathBuf> =
+            st.deps.iter().map(|&d| (plan.stages[d].spec.name.clone(), store.output_dir(&keys[d]))).collect();
+        // The TrainJob writes to its own directory, as in a run.
+        let area = layout.attempt_area(store.workdir(), &name, &key, 1);
+        let out = area.out.clone();
+        let stage_dir = crate::workdir::stage_dir(run_dir, &name);
+        let config_dir = crate::workdir::stage_dir(scratch, &name);
+        std::fs::create_dir_all(&config_dir)
+            .map_err(|e| KubernetesError::Volume { path: config_dir.display().to_string(), message: e.to_string() })?;
         let info = &layout.stages[&name];
         let gpus: Vec<String> = (0..info.resources.gpus).map(|g| format!("cluster-{g}")).collect();
         let cx = JobContext {
             stage: &st.spec,
-            params: &params,
+            engine: st.engine.as_ref(),
             output: &out,
-            scratch: &crate::exec::scratch_dir(&plan.spec.workdir(), &key),
-            attempt_dir: &config_dir,
+            scratch: &plan.spec.workdir().scratch(&key),
+            // Config files are written to a temporary directory and named where a run keeps them.
+            attempt_dir: &stage_dir,
+            config_dir: Some(&config_dir),
             attempt: 1,
             spec_dir: &plan.spec.dir,
             env,
@@ -109,21 +122,10 @@ fn shape_all(
             env: job_env(job_plan.env, &st.spec.env, &out, &cx, &stage_dir, run_dir, &upstream),
             cwd: job_plan.cwd,
             timeout: st.spec.timeout,
-            log: config_dir.join("attempt-1.log"),
+            log: stage_dir.join("attempt-1.log"),
             status_file: stage_dir.join("attempt-1.status.json"),
+            area,
         };
-        // The TrainJob writes to its own directory, as in a run.
-        let trainjob = mflow_kube::trainjob_name(&layout.pipeline, &name, &key, 1);
-        let mut job = match OwnOutput::of(&out, &trainjob) {
-            Some(own) => own.rewrite(&job)?,
-            None => job,
-        };
-        // Config files were written to a temporary directory; name them where a run keeps them.
-        let (here, there) = (config_dir.display().to_string(), stage_dir.display().to_string());
-        for arg in job.steps.iter_mut().flatten() {
-            *arg = arg.replace(&here, &there);
-        }
-        job.log = stage_dir.join("attempt-1.log");
         let digest = info.kind.uses_python().then(crate::env::workloads_digest);
         uses_python |= digest.is_some();
         let request = layout.request(&job, info, digest)?;
@@ -190,7 +192,9 @@ pub fn render(plan: &Plan, store: &Store) -> Result<String, KubernetesError> {
             comment.push_str("# cached: a run would not submit this TrainJob\n");
         }
         if let Some(up) = &s.provisional_on {
-            comment.push_str(&format!("# provisional key and name: they depend on the output of `{up}`, not computed yet\n"));
+            comment.push_str(&format!(
+                "# provisional key and name: they depend on the output of `{up}`, not computed yet\n"
+            ));
         }
         doc(comment, &s.manifest);
     }

@@ -35,7 +35,8 @@ pub struct Tracked {
     pub known: BTreeSet<(i32, u64)>,
 }
 
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry { direct: BTreeSet::new(), live: BTreeMap::new(), subreaper: false, started: false });
+static REGISTRY: Mutex<Registry> =
+    Mutex::new(Registry { direct: BTreeSet::new(), live: BTreeMap::new(), subreaper: false, started: false });
 
 /// Taken around every spawn and every reap: a main process may end before its spawn returns,
 /// and its zombie must not be reaped before it is known to be tokio's.
@@ -109,7 +110,11 @@ impl Registry {
             let foreign = top.pgid == own && snap.tag(top.pid).is_none();
             top.ppid == me && !theirs && !foreign
         };
-        snap.procs.values().filter(|p| p.pid != me && if self.subreaper { below(p) } else { tagged(p) }).cloned().collect()
+        snap.procs
+            .values()
+            .filter(|p| p.pid != me && if self.subreaper { below(p) } else { tagged(p) })
+            .cloned()
+            .collect()
     }
 }
 

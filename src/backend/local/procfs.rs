@@ -15,7 +15,8 @@ pub const TAG_VAR: &str = "MFLOW_ATTEMPT_TAG";
 
 /// Whether /proc shows this process under the pid it has: in a container with a foreign /proc
 /// it does not, and nothing read there would be about mflow's processes.
-pub static USABLE: LazyLock<bool> = LazyLock::new(|| read_stat("/proc/self/stat").is_some_and(|p| p.pid == std::process::id() as i32));
+pub static USABLE: LazyLock<bool> =
+    LazyLock::new(|| read_stat("/proc/self/stat").is_some_and(|p| p.pid == std::process::id() as i32));
 
 #[derive(Debug, Clone)]
 pub struct Proc {
@@ -53,7 +54,9 @@ fn read_stat(path: &str) -> Option<Proc> {
 pub fn tag(pid: i32) -> Option<String> {
     let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
     let key = format!("{TAG_VAR}=");
-    env.split(|&b| b == 0).find_map(|kv| kv.strip_prefix(key.as_bytes())).map(|v| String::from_utf8_lossy(v).into_owned())
+    env.split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(key.as_bytes()))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 /// The inode of a pipe end mflow holds, by which other holders of the pipe are recognised.
@@ -69,7 +72,10 @@ pub fn holds_pipe(pid: i32, inodes: &[u64]) -> bool {
     dir.flatten().any(|e| {
         let link = std::fs::read_link(e.path()).unwrap_or_default();
         let link = link.to_string_lossy();
-        link.strip_prefix("pipe:[").and_then(|s| s.strip_suffix(']')).and_then(|s| s.parse().ok()).is_some_and(|i| inodes.contains(&i))
+        link.strip_prefix("pipe:[")
+            .and_then(|s| s.strip_suffix(']'))
+            .and_then(|s| s.parse().ok())
+            .is_some_and(|i| inodes.contains(&i))
     })
 }
 
@@ -87,7 +93,8 @@ pub fn mark() -> Mark {
 }
 
 /// Kept open: reading it through a held descriptor costs a tenth of opening it each time.
-static LAST_PID: LazyLock<Option<std::fs::File>> = LazyLock::new(|| std::fs::File::open("/proc/sys/kernel/ns_last_pid").ok());
+static LAST_PID: LazyLock<Option<std::fs::File>> =
+    LazyLock::new(|| std::fs::File::open("/proc/sys/kernel/ns_last_pid").ok());
 
 fn last_pid() -> Option<i32> {
     use std::os::unix::fs::FileExt;
@@ -96,7 +103,8 @@ fn last_pid() -> Option<i32> {
     std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
 }
 
-static PID_MAX: LazyLock<Option<i32>> = LazyLock::new(|| std::fs::read_to_string("/proc/sys/kernel/pid_max").ok()?.trim().parse().ok());
+static PID_MAX: LazyLock<Option<i32>> =
+    LazyLock::new(|| std::fs::read_to_string("/proc/sys/kernel/pid_max").ok()?.trim().parse().ok());
 
 /// Found once: finding it reads the cgroup's files.
 static CORES: LazyLock<f64> = LazyLock::new(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as f64);
@@ -119,7 +127,11 @@ fn window(mark: &Mark, now: Option<i32>) -> Option<(i32, i32)> {
 }
 
 fn in_window((from, to): (i32, i32), pid: i32) -> bool {
-    if from <= to { pid > from && pid <= to } else { pid > from || pid <= to }
+    if from <= to {
+        pid > from && pid <= to
+    } else {
+        pid > from || pid <= to
+    }
 }
 
 /// One look at processes, shared by every question asked of it.
@@ -148,7 +160,8 @@ impl Snapshot {
 
     fn of(pids: Vec<i32>, last: Option<i32>, mains: &dyn Fn(i32) -> bool) -> Snapshot {
         let me = std::process::id() as i32;
-        let known = |pid| mains(pid).then(|| Proc { pid, ppid: me, pgid: pid, start: 0, zombie: false, name: String::new() });
+        let known =
+            |pid| mains(pid).then(|| Proc { pid, ppid: me, pgid: pid, start: 0, zombie: false, name: String::new() });
         let procs = pids.into_iter().filter_map(|pid| known(pid).or_else(|| stat(pid))).map(|p| (p.pid, p)).collect();
         Snapshot { procs, last, tags: RefCell::default() }
     }

@@ -30,7 +30,15 @@ pub fn own_group() -> i32 {
 /// fork or daemon re-parents to mflow rather than to init, and stays in mflow's tree.
 pub fn become_subreaper() -> bool {
     // SAFETY: prctl(2) with PR_SET_CHILD_SUBREAPER reads only its integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) == 0 }
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_CHILD_SUBREAPER,
+            1 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        ) == 0
+    }
 }
 
 pub enum Waitable {
@@ -50,7 +58,11 @@ pub fn peek() -> Waitable {
     // child waitable for whoever owns it.
     let r = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
     if r != 0 {
-        return if io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) { Waitable::NoChildren } else { Waitable::None };
+        return if io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+            Waitable::NoChildren
+        } else {
+            Waitable::None
+        };
     }
     // SAFETY: reads the pid waitid filled in; it left zero there when no child had ended.
     match unsafe { info.si_pid() } {

@@ -36,10 +36,15 @@ impl Tree {
         let mark = procfs::mark();
         let child = cmd.spawn()?;
         let main = child.id().expect("a child not yet waited for has its pid") as i32;
-        let pipes = [child.stdout.as_ref().and_then(procfs::pipe_inode), child.stderr.as_ref().and_then(procfs::pipe_inode)].into_iter().flatten().collect();
+        let pipes =
+            [child.stdout.as_ref().and_then(procfs::pipe_inode), child.stderr.as_ref().and_then(procfs::pipe_inode)]
+                .into_iter()
+                .flatten()
+                .collect();
         reg.direct.insert(main);
         reg.started = true;
-        reg.live.insert(seq, Tracked { tag, main, main_held: true, group_held: true, mark, pipes, known: BTreeSet::new() });
+        reg.live
+            .insert(seq, Tracked { tag, main, main_held: true, group_held: true, mark, pipes, known: BTreeSet::new() });
         Ok((Tree { seq, main, mark, done: false }, child))
     }
 
@@ -163,7 +168,9 @@ pub(super) fn members(reg: &mut Registry, seq: u64, snap: &Snapshot, ending: boo
     let me = std::process::id() as i32;
     let own = sys::own_group();
     let Some(t) = reg.live.get(&seq) else { return vec![] };
-    let named = |p: &Proc| (t.main_held && p.pid == t.main) || (t.group_held && p.pgid == t.main) || t.known.contains(&(p.pid, p.start));
+    let named = |p: &Proc| {
+        (t.main_held && p.pid == t.main) || (t.group_held && p.pgid == t.main) || t.known.contains(&(p.pid, p.start))
+    };
     let mut seeds: BTreeSet<i32> = snap.procs.values().filter(|p| named(p)).map(|p| p.pid).collect();
     let found = snap.below(&seeds, me);
     for p in snap.procs.values() {
@@ -182,7 +189,8 @@ pub(super) fn members(reg: &mut Registry, seq: u64, snap: &Snapshot, ending: boo
             Some(_) => {}
             None => {
                 let holds = pipes_open && procfs::holds_pipe(p.pid, &t.pipes);
-                let orphan = ending && reg.subreaper && p.ppid == me && p.pgid != own && unclaimed(reg, seq, snap, p.pid);
+                let orphan =
+                    ending && reg.subreaper && p.ppid == me && p.pgid != own && unclaimed(reg, seq, snap, p.pid);
                 if holds || orphan {
                     seeds.insert(p.pid);
                 }

@@ -52,7 +52,7 @@ pub fn page(run: &RunData, charts: &[Chart]) -> String {
             human_duration(stage_duration(s)),
             s.attempts.len(),
             esc(s.key.as_deref().map(crate::cache::key::short).unwrap_or("-")),
-            esc(s.message.as_deref().unwrap_or("")),
+            esc(&s.failure().unwrap_or_default()),
         );
     }
     h.push_str("</table>\n");
@@ -71,14 +71,23 @@ pub fn page(run: &RunData, charts: &[Chart]) -> String {
         h.push_str("<h2>Gates</h2>\n<table><tr><th>stage</th><th>metric</th><th>condition</th><th>value</th><th>result</th></tr>\n");
         for (n, g) in gates {
             let (class, word) = if g.passed { ("succeeded", "pass") } else { ("failed", "FAIL") };
-            let _ = writeln!(h, "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{class}\">{word}</td></tr>", esc(n), esc(&g.metric), esc(&g.condition), g.value.map(num).unwrap_or("missing".into()));
+            let _ = writeln!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{class}\">{word}</td></tr>",
+                esc(n),
+                esc(&g.metric),
+                esc(&g.condition),
+                g.value.map(num).unwrap_or("missing".into())
+            );
         }
         h.push_str("</table>\n");
     }
 
     let finals = run.final_metrics();
     if !finals.is_empty() {
-        h.push_str("<h2>Metrics</h2>\n<p>Final values: the stage's metrics.json and the last value of each series.</p>\n");
+        h.push_str(
+            "<h2>Metrics</h2>\n<p>Final values: the stage's metrics.json and the last value of each series.</p>\n",
+        );
         for (stage, m) in &finals {
             let _ = write!(h, "<h3>{}</h3>\n<table><tr><th>metric</th><th>value</th></tr>\n", esc(stage));
             for (k, v) in m {
@@ -122,7 +131,9 @@ fn lockfile(run: &RunData) -> String {
     for (k, v) in env {
         let _ = write!(h, "<tr><th>{}</th><td><code>{}</code></td></tr>", esc(k), esc(v));
     }
-    h.push_str("</table>\n<table><tr><th>stage</th><th>kind</th><th>key</th><th>output digest</th><th>input files</th></tr>\n");
+    h.push_str(
+        "</table>\n<table><tr><th>stage</th><th>kind</th><th>key</th><th>output digest</th><th>input files</th></tr>\n",
+    );
     for (name, s) in &l.stages {
         let _ = writeln!(
             h,
@@ -159,4 +170,3 @@ pub fn esc(s: &str) -> String {
     }
     out
 }
-

@@ -89,7 +89,11 @@ pub enum Out<'a> {
 }
 
 /// Writes the report (and PNGs when a directory the user named is given).
-pub fn write(run: &RunData, out: Out<'_>, png_dir: Option<(&Path, &crate::user_output::Owned)>) -> Result<Written, CiError> {
+pub fn write(
+    run: &RunData,
+    out: Out<'_>,
+    png_dir: Option<(&Path, &crate::user_output::Owned)>,
+) -> Result<Written, CiError> {
     if let Out::User(path, owned) = &out {
         owned.check(path)?;
     }
@@ -129,7 +133,10 @@ pub fn samples(metrics: &Json) -> Vec<(String, String)> {
         .map(|s| match s {
             Json::Object(o) => {
                 let prompt = o.get("prompt").and_then(Json::as_str).unwrap_or("").to_string();
-                let text = ["completion", "generated", "text", "output"].iter().find_map(|k| o.get(*k).and_then(Json::as_str)).map(str::to_string);
+                let text = ["completion", "generated", "text", "output"]
+                    .iter()
+                    .find_map(|k| o.get(*k).and_then(Json::as_str))
+                    .map(str::to_string);
                 (prompt, text.unwrap_or_else(|| s.to_string()))
             }
             Json::String(t) => (String::new(), t.clone()),

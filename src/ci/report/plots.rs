@@ -66,12 +66,26 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
             let color = Palette99::pick(i).to_rgba();
             let style = color.stroke_width(2);
             if s.points.len() == 1 {
-                chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(&err)?.label(&s.label).legend(move |(x, y)| Circle::new((x + 10, y), 4, color.filled()));
+                chart
+                    .draw_series(s.points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                    .map_err(&err)?
+                    .label(&s.label)
+                    .legend(move |(x, y)| Circle::new((x + 10, y), 4, color.filled()));
             } else {
-                chart.draw_series(LineSeries::new(s.points.iter().copied(), style)).map_err(&err)?.label(&s.label).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+                chart
+                    .draw_series(LineSeries::new(s.points.iter().copied(), style))
+                    .map_err(&err)?
+                    .label(&s.label)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
             }
         }
-        chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).background_style(WHITE.mix(0.85)).border_style(BLACK.mix(0.4)).draw().map_err(&err)?;
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .draw()
+            .map_err(&err)?;
         root.present().map_err(&err)?;
     }
     Ok(Some(svg))
@@ -135,10 +149,19 @@ pub fn timeline(bars: &[Bar]) -> Result<Option<String>, CiError> {
             // Cached stages take no time; keep them visible as a thin bar.
             let end = if b.end - b.start < t1 * 0.004 { b.start + t1 * 0.004 } else { b.end };
             chart
-                .draw_series(std::iter::once(Rectangle::new([(b.start, SegmentValue::Exact(row)), (end, SegmentValue::Exact(row + 1))], color.filled())))
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(b.start, SegmentValue::Exact(row)), (end, SegmentValue::Exact(row + 1))],
+                    color.filled(),
+                )))
                 .map_err(&err)?;
             let label = format!("{} {:.1}s", crate::ci::run_data::status_word(b.status), b.end - b.start);
-            chart.draw_series(std::iter::once(Text::new(label, (end + t1 * 0.01, SegmentValue::CenterOf(row)), ("sans-serif", 12)))).map_err(&err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    label,
+                    (end + t1 * 0.01, SegmentValue::CenterOf(row)),
+                    ("sans-serif", 12),
+                )))
+                .map_err(&err)?;
         }
         root.present().map_err(&err)?;
     }
@@ -146,14 +169,22 @@ pub fn timeline(bars: &[Bar]) -> Result<Option<String>, CiError> {
 }
 
 /// Renders an SVG to a PNG file with the system's fonts.
-pub fn write_png(svg: &str, path: &Path, fonts: &std::sync::Arc<resvg::usvg::fontdb::Database>, owned: &crate::user_output::Owned) -> Result<(), CiError> {
+pub fn write_png(
+    svg: &str,
+    path: &Path,
+    fonts: &std::sync::Arc<resvg::usvg::fontdb::Database>,
+    owned: &crate::user_output::Owned,
+) -> Result<(), CiError> {
     use resvg::{tiny_skia, usvg};
     let opt = usvg::Options { fontdb: fonts.clone(), ..usvg::Options::default() };
-    let tree = usvg::Tree::from_str(svg, &opt).map_err(|e| CiError::Plot { what: path.display().to_string(), message: e.to_string() })?;
+    let tree = usvg::Tree::from_str(svg, &opt)
+        .map_err(|e| CiError::Plot { what: path.display().to_string(), message: e.to_string() })?;
     let size = tree.size().to_int_size();
-    let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height()).ok_or_else(|| CiError::Plot { what: path.display().to_string(), message: "empty image".into() })?;
+    let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height())
+        .ok_or_else(|| CiError::Plot { what: path.display().to_string(), message: "empty image".into() })?;
     resvg::render(&tree, tiny_skia::Transform::default(), &mut pixmap.as_mut());
-    let png = pixmap.encode_png().map_err(|e| CiError::Plot { what: path.display().to_string(), message: e.to_string() })?;
+    let png =
+        pixmap.encode_png().map_err(|e| CiError::Plot { what: path.display().to_string(), message: e.to_string() })?;
     Ok(crate::user_output::write(path, &png, owned)?)
 }
 
@@ -163,7 +194,10 @@ pub fn system_fonts() -> std::sync::Arc<resvg::usvg::fontdb::Database> {
     let mut db = resvg::usvg::fontdb::Database::new();
     db.load_system_fonts();
     let families: Vec<String> = db.faces().flat_map(|f| f.families.iter().map(|(name, _)| name.clone())).collect();
-    let pick = ["DejaVu Sans", "Liberation Sans", "Noto Sans", "Arial", "Helvetica"].iter().find(|f| families.iter().any(|x| x == *f)).map(|s| s.to_string());
+    let pick = ["DejaVu Sans", "Liberation Sans", "Noto Sans", "Arial", "Helvetica"]
+        .iter()
+        .find(|f| families.iter().any(|x| x == *f))
+        .map(|s| s.to_string());
     if let Some(f) = pick.or_else(|| families.iter().find(|f| f.contains("Sans") && !f.contains("Mono")).cloned()) {
         db.set_sans_serif_family(f);
     }

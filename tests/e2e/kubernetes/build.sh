@@ -58,7 +58,7 @@ finish_dir() {
 }
 
 build_apt() {
-  local pkgs=(containerd runc busybox-static containernetworking-plugins openssl curl jq iproute2 buildah mmdebstrap)
+  local pkgs=(containerd runc busybox-static containernetworking-plugins openssl curl jq iproute2 buildah mmdebstrap shellcheck)
   local missing=() p
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

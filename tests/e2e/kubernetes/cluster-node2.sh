@@ -64,10 +64,11 @@ copy_images() {
   local ref key archive rest=() t=$SECONDS
   while read -r ref key; do
     archive=""
-    [ -z "$key" ] || archive=$(ls "$CACHE_DIR"/images/*-"$key".tar 2>/dev/null | head -n 1)
+    [ -z "$key" ] || archive=$(compgen -G "$CACHE_DIR/images/*-$key.tar" | head -n 1)
     if [ -n "$archive" ]; then
       ctr2 images import --base-name "${ref%:*}" "$archive" >>"$LOGS/containerd2-images.log" 2>&1 ||
         fail containerd2-images "importing $archive into the second node's containerd failed"
+      drop_layer_blobs "$CTRD2_SOCK" "$ref"
     else
       rest+=("$ref")
     fi

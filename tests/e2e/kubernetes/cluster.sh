@@ -831,12 +831,12 @@ stop_containers() {
   local name=${1:-containerd} sock=${2:-$CTRD_SOCK}
   [ -S "$sock" ] || return 0
   if alive "$name"; then
-    local ids id c=(ctr --address "$sock" --namespace k8s.io)
-    ids=$("${c[@]}" tasks ls -q 2>/dev/null || true)
-    for id in $ids; do "${c[@]}" tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
+    local ids id ctr_=(ctr --address "$sock" --namespace k8s.io)
+    ids=$("${ctr_[@]}" tasks ls -q 2>/dev/null || true)
+    for id in $ids; do "${ctr_[@]}" tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
     for id in $ids; do
-      "${c[@]}" tasks delete -f "$id" >/dev/null 2>&1 || true
-      "${c[@]}" containers delete "$id" >/dev/null 2>&1 || true
+      "${ctr_[@]}" tasks delete -f "$id" >/dev/null 2>&1 || true
+      "${ctr_[@]}" containers delete "$id" >/dev/null 2>&1 || true
     done
   fi
   local p cmd shims=()

@@ -189,6 +189,7 @@ import_image() {
   timed "imported $name" "${ctr_[@]}" images import --base-name "${name%:*}" "$archive" >&2
   "${ctr_[@]}" images label "$name" "mflow.dev/e2e-key=$key" >/dev/null ||
     die "containerd does not list $name after the import of $archive"
+  drop_layer_blobs "$sock" "$name"
 }
 
 t0=$SECONDS

@@ -22,3 +22,20 @@ KWOK_BIN="$CACHE_DIR/kwok/$KWOK_VERSION/kwok"
 
 log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# drop_layer_blobs SOCKET IMAGE: once IMAGE is unpacked in the containerd at SOCKET, removes its
+# layer blobs from the content store, as containerd's CRI does for pulled images with
+# `discard_unpacked_layers`: containers start from the unpacked snapshots, so the layers of the
+# train image (7 GB) are not on the disk twice per node. The image's manifest and config stay.
+drop_layer_blobs() {
+  local c=(ctr --address "$1" --namespace k8s.io) target layers digest
+  "${c[@]}" images check "name==$2" | awk 'NR == 2 {exit $NF == "true" ? 0 : 1}' || return 0
+  target=$("${c[@]}" images ls "name==$2" | awk 'NR == 2 {print $3}')
+  [ -n "$target" ] || return 0
+  layers=$("${c[@]}" content get "$target" | jq -r '.layers[]?.digest')
+  for digest in $layers; do
+    case $digest in
+      sha256:*) "${c[@]}" content rm "$digest" >/dev/null 2>&1 || true ;;
+    esac
+  done
+}

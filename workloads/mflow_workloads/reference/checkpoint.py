@@ -1,53 +1,26 @@
-"""Reference-engine checkpoints under `scratch/checkpoints/`.
+"""Reference-engine checkpoints: the files in `scratch/checkpoints/iter_0000025/` (the directory,
+its tracker and pruning are training.py's, shared with the Megatron engine).
 
-Layout: `iter_0000025/` holding `model_tpXX.safetensors`, `optim_tpXX.safetensors` (AdamW moments
-and step per parameter name), `rng_rankXXXXX.safetensors` (torch RNG states) and `meta.json`
-(iteration, consumed samples, LR-schedule position, seed). With pp > 1 the model and optimizer
-files are per stage, `model_tpXX_ppYYY.safetensors` and `optim_tpXX_ppYYY.safetensors` (stage-local
-layer names, as in the shards), and meta.json also records `pp`; at pp = 1 names and bytes are
-those of the tensor-parallel-only format, so its checkpoints resume unchanged. A checkpoint is written into
-`.tmp_iter_*`, renamed when complete, and only then named by the tracker file
-`latest_checkpointed_iteration.txt` (replaced atomically). The newest two are kept.
+`model_tpXX.safetensors`, `optim_tpXX.safetensors` (AdamW moments and step per parameter name),
+`rng_rankXXXXX.safetensors` (torch RNG states) and `meta.json` (iteration, consumed samples,
+LR-schedule position, seed). With pp > 1 the model and optimizer files are per stage,
+`model_tpXX_ppYYY.safetensors` and `optim_tpXX_ppYYY.safetensors` (stage-local layer names, as in
+the shards), and meta.json also records `pp`; at pp = 1 names and bytes are those of the
+tensor-parallel-only format, so its checkpoints resume unchanged.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import shutil
 
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .. import training as T
 from ..errors import CheckpointError
 from .parallel import Parallel
-
-TRACKER = "latest_checkpointed_iteration.txt"
-KEEP = 2
-
-
-def iter_dir(root: str, iteration: int) -> str:
-    return os.path.join(root, f"iter_{iteration:07d}")
-
-
-def latest(root: str) -> int | None:
-    """The iteration named by the tracker, if that checkpoint is complete."""
-    path = os.path.join(root, TRACKER)
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        text = f.read(64).strip()
-    if not re.fullmatch(r"\d{1,12}", text):
-        raise CheckpointError(f"{path}: tracker holds {text!r}, not an iteration number",
-                              "delete the scratch directory to start over, or restore the file")
-    it = int(text)
-    if not os.path.exists(os.path.join(iter_dir(root, it), "meta.json")):
-        raise CheckpointError(f"{path} names iteration {it} but {iter_dir(root, it)} is incomplete",
-                              "delete the scratch checkpoints directory to start over")
-    return it
 
 
 def rank_suffix(p: Parallel) -> str:
@@ -59,18 +32,17 @@ def _barrier():
         dist.barrier()
 
 
-def save(root: str, iteration: int, model: torch.nn.Module, opt: torch.optim.Optimizer, p: Parallel,
-         meta: dict) -> None:
-    tmp = os.path.join(root, f".tmp_iter_{iteration:07d}")
-    if p.rank == 0:
-        os.makedirs(root, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+def save(
+    root: str, iteration: int, model: torch.nn.Module, opt: torch.optim.Optimizer, p: Parallel, meta: dict
+) -> None:
+    tmp = T.begin_checkpoint(root, iteration, p.rank == 0)
     _barrier()
     if p.dp_rank == 0:  # model and optimizer are replicated across data-parallel ranks
         names = {id(prm): n for n, prm in model.named_parameters()}
-        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
-                  os.path.join(tmp, f"model_{rank_suffix(p)}.safetensors"))
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
+            os.path.join(tmp, f"model_{rank_suffix(p)}.safetensors"),
+        )
         moments = {}
         for prm, st in opt.state.items():
             n = names[id(prm)]
@@ -84,39 +56,21 @@ def save(root: str, iteration: int, model: torch.nn.Module, opt: torch.optim.Opt
     save_file(rng, os.path.join(tmp, f"rng_rank{p.rank:05}.safetensors"))
     _barrier()
     if p.rank == 0:
-        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
-            record = {**meta, "iteration": iteration, "tp": p.tp, "dp": p.dp}
-            if p.pp > 1:  # absent at pp = 1, where meta.json stays as it was before pipelines
-                record["pp"] = p.pp
-            json.dump(record, f)
-        final = iter_dir(root, iteration)
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
-        tracker_tmp = os.path.join(root, f".{TRACKER}.tmp")
-        with open(tracker_tmp, "w", encoding="utf-8") as f:
-            f.write(str(iteration))
-        os.replace(tracker_tmp, os.path.join(root, TRACKER))
-        prune(root)
+        record = {**meta, "iteration": iteration, "tp": p.tp, "dp": p.dp}
+        if p.pp > 1:  # absent at pp = 1, where meta.json stays as it was before pipelines
+            record["pp"] = p.pp
+        T.publish_checkpoint(root, iteration, record)
     _barrier()
 
 
-def prune(root: str) -> None:
-    its = sorted(int(m.group(1)) for d in os.listdir(root) if (m := re.fullmatch(r"iter_(\d{7})", d)))
-    for it in its[:-KEEP]:
-        shutil.rmtree(iter_dir(root, it), ignore_errors=True)
-    for d in os.listdir(root):
-        if d.startswith(".tmp_iter_"):  # left by a killed attempt
-            shutil.rmtree(os.path.join(root, d), ignore_errors=True)
-
-
 def load(root: str, iteration: int, model: torch.nn.Module, opt: torch.optim.Optimizer, p: Parallel) -> dict:
-    d = iter_dir(root, iteration)
-    with open(os.path.join(d, "meta.json"), encoding="utf-8") as f:
-        meta = json.load(f)
+    d = T.iter_dir(root, iteration)
+    meta = T.read_meta(root, iteration)
     if meta["tp"] != p.tp or meta.get("pp", 1) != p.pp:
-        raise CheckpointError(f"{d}: saved with tp={meta['tp']} pp={meta.get('pp', 1)}, "
-                              f"this run has tp={p.tp} pp={p.pp}",
-                              "resume with the same tp and pp, or clear the scratch directory")
+        raise CheckpointError(
+            f"{d}: saved with tp={meta['tp']} pp={meta.get('pp', 1)}, this run has tp={p.tp} pp={p.pp}",
+            "resume with the same tp and pp, or clear the scratch directory",
+        )
     device = next(model.parameters()).device
     with safe_open(os.path.join(d, f"model_{rank_suffix(p)}.safetensors"), framework="pt") as f:
         model.load_state_dict({k: f.get_tensor(k) for k in f.keys()}, strict=True)
@@ -126,9 +80,11 @@ def load(root: str, iteration: int, model: torch.nn.Module, opt: torch.optim.Opt
         for n, prm in params.items():
             if f"exp_avg/{n}" not in keys:
                 continue
-            opt.state[prm] = {"step": f.get_tensor(f"step/{n}").reshape(()).float(),
-                              "exp_avg": f.get_tensor(f"exp_avg/{n}").to(device),
-                              "exp_avg_sq": f.get_tensor(f"exp_avg_sq/{n}").to(device)}
+            opt.state[prm] = {
+                "step": f.get_tensor(f"step/{n}").reshape(()).float(),
+                "exp_avg": f.get_tensor(f"exp_avg/{n}").to(device),
+                "exp_avg_sq": f.get_tensor(f"exp_avg_sq/{n}").to(device),
+            }
     rng_path = os.path.join(d, f"rng_rank{p.rank:05}.safetensors")
     if os.path.exists(rng_path):
         with safe_open(rng_path, framework="pt") as f:

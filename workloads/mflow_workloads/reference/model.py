@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..errors import ParallelError
 from ..shards import ModelSpec
-from .parallel import Parallel, copy_to_tp, reduce_from_tp, gather_from_tp, vocab_parallel_cross_entropy
+from .parallel import Parallel, copy_to_tp, gather_from_tp, reduce_from_tp, vocab_parallel_cross_entropy
 
 
 def _param(*shape: int, tp_split: bool) -> nn.Parameter:
@@ -103,8 +103,10 @@ class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, p: Parallel, kernel: str):
         super().__init__()
         if spec.num_query_groups % p.tp:
-            raise ParallelError(f"num_query_groups {spec.num_query_groups} is not divisible by tp={p.tp}",
-                                "use a tp that divides the number of KV heads")
+            raise ParallelError(
+                f"num_query_groups {spec.num_query_groups} is not divisible by tp={p.tp}",
+                "use a tp that divides the number of KV heads",
+            )
         self.groups = spec.num_query_groups // p.tp
         self.per_group = spec.num_attention_heads // spec.num_query_groups
         self.hd = spec.kv_channels
@@ -140,7 +142,9 @@ class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, p: Parallel):
         super().__init__()
         if spec.ffn_hidden_size % p.tp:
-            raise ParallelError(f"ffn_hidden_size {spec.ffn_hidden_size} is not divisible by tp={p.tp}", "choose another tp")
+            raise ParallelError(
+                f"ffn_hidden_size {spec.ffn_hidden_size} is not divisible by tp={p.tp}", "choose another tp"
+            )
         ff_local = spec.ffn_hidden_size // p.tp
         self.gated = spec.gated_linear_unit
         self.act = F.silu if spec.activation == "silu" else (lambda t: F.gelu(t, approximate="tanh"))
@@ -203,8 +207,9 @@ class Embedding(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, spec: ModelSpec, p: Parallel, tp: int | None = None, attention: str = "sdpa",
-                 layers: int | None = None):
+    def __init__(
+        self, spec: ModelSpec, p: Parallel, tp: int | None = None, attention: str = "sdpa", layers: int | None = None
+    ):
         super().__init__()
         self.spec, self.p = spec, p
         padded = spec.padded_vocab_for(tp or p.tp)
@@ -213,8 +218,10 @@ class GPT(nn.Module):
         vocab_local = padded // p.tp
         layers = spec.num_layers if layers is None else layers
         if p.pp == 1 and layers != spec.num_layers:
-            raise ParallelError(f"{layers} layers asked of a single stage of a {spec.num_layers}-layer model",
-                                "pass the stage's layer count only with pp > 1")
+            raise ParallelError(
+                f"{layers} layers asked of a single stage of a {spec.num_layers}-layer model",
+                "pass the stage's layer count only with pp > 1",
+            )
         self.pre_process, self.post_process = p.is_first_stage, p.is_last_stage
         self.embedding = Embedding(spec, p, vocab_local) if self.pre_process else None
         self.decoder = Decoder(spec, p, attention, layers, self.post_process)
@@ -257,8 +264,9 @@ class GPT(nn.Module):
         w = self.output_layer.weight if self.has_output_layer else self.embedding.word_embeddings.weight
         return F.linear(copy_to_tp(x, self.p), w)
 
-    def loss(self, tokens: torch.Tensor | None, labels: torch.Tensor,
-             hidden: torch.Tensor | None = None) -> torch.Tensor:
+    def loss(
+        self, tokens: torch.Tensor | None, labels: torch.Tensor, hidden: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Per-token loss [b, s] (last stage)."""
         return vocab_parallel_cross_entropy(self.forward(tokens, hidden), labels, self.p)
 
@@ -267,8 +275,15 @@ class GPT(nn.Module):
         return gather_from_tp(self.forward(tokens), self.p)[..., : self.spec.vocab_size]
 
 
-def build(spec: ModelSpec, p: Parallel, state: dict[str, torch.Tensor], tp: int | None = None,
-          attention: str = "sdpa", device="cpu", layers: int | None = None) -> GPT:
+def build(
+    spec: ModelSpec,
+    p: Parallel,
+    state: dict[str, torch.Tensor],
+    tp: int | None = None,
+    attention: str = "sdpa",
+    device="cpu",
+    layers: int | None = None,
+) -> GPT:
     """Builds the model (the rank's stage, of `layers` layers, when pp > 1) and loads one rank's
     state with strict=True (fp32 master weights)."""
     model = GPT(spec, p, tp=tp, attention=attention, layers=layers)
@@ -277,13 +292,16 @@ def build(spec: ModelSpec, p: Parallel, state: dict[str, torch.Tensor], tp: int 
 
 
 @torch.no_grad()
-def greedy_generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, device="cpu",
-                    autocast_dtype: torch.dtype | None = None) -> list[int]:
+def greedy_generate(
+    model: GPT, prompt_ids: list[int], max_new_tokens: int, device="cpu", autocast_dtype: torch.dtype | None = None
+) -> list[int]:
     """Greedy decoding by full recomputation; every tp rank returns the same ids."""
     ids = list(prompt_ids)
     for _ in range(max_new_tokens):
         t = torch.tensor([ids], dtype=torch.long, device=device)
-        with torch.autocast(device_type=t.device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+        with torch.autocast(
+            device_type=t.device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None
+        ):
             logits = model.full_logits(t)[0, -1].float()
         ids.append(int(logits.argmax()))
-    return ids[len(prompt_ids):]
+    return ids[len(prompt_ids) :]

@@ -71,7 +71,10 @@ def coordinates(rank: int, tp: int, dp: int, pp: int) -> tuple[int, int, int]:
 
 def group_ranks(tp: int, dp: int, pp: int) -> dict[str, list[list[int]]]:
     """Every group of each kind, as lists of global ranks, in the order they are created."""
-    r = lambda t, d, s: s * dp * tp + d * tp + t  # noqa: E731
+
+    def r(t: int, d: int, s: int) -> int:
+        return s * dp * tp + d * tp + t
+
     pipelines = [[r(t, d, s) for s in range(pp)] for d in range(dp) for t in range(tp)]
     return {
         "tp": [[r(t, d, s) for t in range(tp)] for s in range(pp) for d in range(dp)],
@@ -87,8 +90,10 @@ def setup(tp: int, dp: int, pp: int = 1) -> Parallel:
     already initialised default group."""
     world = dist.get_world_size()
     if world != tp * pp * dp:
-        raise ParallelError(f"launched world size {world} != tp*pp*dp = {tp}*{pp}*{dp}",
-                            "launch tp*pp*dp processes (nnodes * nproc_per_node)")
+        raise ParallelError(
+            f"launched world size {world} != tp*pp*dp = {tp}*{pp}*{dp}",
+            "launch tp*pp*dp processes (nnodes * nproc_per_node)",
+        )
     rank = dist.get_rank()
     t, d, s = coordinates(rank, tp, dp, pp)
     p = Parallel(tp=tp, dp=dp, pp=pp, rank=rank, tp_rank=t, dp_rank=d, pp_rank=s)

@@ -16,7 +16,7 @@ each other at the same time cannot deadlock.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -81,8 +81,9 @@ def _autocast(device, dtype):
     return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
-def forward_backward(model, batch: BatchFn, num_mb: int, p: Parallel, shape: tuple[int, ...], device,
-                     autocast_dtype=None) -> torch.Tensor:
+def forward_backward(
+    model, batch: BatchFn, num_mb: int, p: Parallel, shape: tuple[int, ...], device, autocast_dtype=None
+) -> torch.Tensor:
     """One optimizer step's forwards and backwards (1F1B). Each micro-batch's mean token loss is
     divided by num_mb, as Megatron's schedule does, so gradients accumulate to the mean.
     Returns the sum of those scaled losses on the last stage (a float64 scalar), 0 elsewhere."""
@@ -138,8 +139,9 @@ def forward_backward(model, batch: BatchFn, num_mb: int, p: Parallel, shape: tup
 
 
 @torch.no_grad()
-def forward_only(model, batch: BatchFn, num_mb: int, p: Parallel, shape: tuple[int, ...], device,
-                 autocast_dtype=None) -> list[float]:
+def forward_only(
+    model, batch: BatchFn, num_mb: int, p: Parallel, shape: tuple[int, ...], device, autocast_dtype=None
+) -> list[float]:
     """Mean token loss of each micro-batch, on the last stage (an empty list elsewhere)."""
     comm = P2P(p, shape, device)
     losses = []

@@ -13,6 +13,7 @@ still be reading. Tensors larger than a slot, or of other dtypes, go through glo
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -64,7 +65,9 @@ class ShmPair:
         self._sems = [base + i * SEM_BYTES for i in range(2)]
         data = torch.frombuffer(mm, dtype=torch.uint8)[HEADER:]
         # slots[rank][parity], each SLOT_BYTES long
-        self._slots = [[data[(2 * r + k) * SLOT_BYTES:(2 * r + k + 1) * SLOT_BYTES] for k in range(2)] for r in range(2)]
+        self._slots = [
+            [data[(2 * r + k) * SLOT_BYTES : (2 * r + k + 1) * SLOT_BYTES] for k in range(2)] for r in range(2)
+        ]
         self._calls = 0
 
     def fits(self, x: torch.Tensor) -> bool:
@@ -87,7 +90,9 @@ class ShmPair:
         elif op == dist.ReduceOp.MAX:
             # The same operand order on both ranks, so that both keep the same value even where
             # max is not symmetric (signed zeros).
-            out = torch.maximum(self._slots[0][parity][:nbytes].view(x.dtype), self._slots[1][parity][:nbytes].view(x.dtype))
+            out = torch.maximum(
+                self._slots[0][parity][:nbytes].view(x.dtype), self._slots[1][parity][:nbytes].view(x.dtype)
+            )
         else:
             raise ValueError(f"shared-memory all-reduce supports SUM and MAX, not {op}")
         return out.view(x.shape)
@@ -106,11 +111,16 @@ class ShmPair:
             if err != 110:  # ETIMEDOUT
                 raise OSError(err, "sem_timedwait failed")
             if not _alive(self.peer_pid):
-                raise PeerLost(f"tensor-parallel peer process {self.peer_pid} exited during an all-reduce",
-                               "see the peer rank's error above; mflow retries infra failures")
+                raise PeerLost(
+                    f"tensor-parallel peer process {self.peer_pid} exited during an all-reduce",
+                    "see the peer rank's error above; mflow retries infra failures",
+                )
             if time.monotonic() > deadline:
-                raise PeerLost(f"tensor-parallel peer process {self.peer_pid} did not reach the all-reduce "
-                               f"within {self.timeout_s:.0f} s", "see the peer rank's log")
+                raise PeerLost(
+                    f"tensor-parallel peer process {self.peer_pid} did not reach the all-reduce "
+                    f"within {self.timeout_s:.0f} s",
+                    "see the peer rank's log",
+                )
 
 
 def _alive(pid: int) -> bool:
@@ -155,10 +165,8 @@ def connect(group, ranks: list[int], rank: int, timeout_s: float = 600.0) -> Shm
     flags: list = [None, None]
     dist.all_gather_object(flags, mm is not None, group=group)
     if index == 0 and shared:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(shared)
-        except OSError:
-            pass
     if not (usable and all(flags)):
         return None
     try:

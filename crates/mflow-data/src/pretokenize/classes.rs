@@ -170,7 +170,8 @@ mod tests {
         /// `unicode.rs` holding these tables.
         fn to_source(&self) -> String {
             let ranges = |name: &str, what: &str, r: &[(u32, u32)]| {
-                let mut s = format!("/// {what}: inclusive code-point ranges.\npub(super) const {name}: &[(u32, u32)] = &[\n");
+                let mut s =
+                    format!("/// {what}: inclusive code-point ranges.\npub(super) const {name}: &[(u32, u32)] = &[\n");
                 for line in r.chunks(6) {
                     let items: Vec<String> = line.iter().map(|(lo, hi)| format!("(0x{lo:04X}, 0x{hi:04X})")).collect();
                     s.push_str(&format!("    {},\n", items.join(", ")));

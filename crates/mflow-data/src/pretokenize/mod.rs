@@ -21,7 +21,8 @@ use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer
 use scan::{Scanner, GPT2};
 
 /// Text the splitter must cut and map exactly as the crate's pre-tokenizer does.
-const PROBE_TEXT: &str = "Hello world's  \n\t  x123 4567 ½ 中文字 can't 'LL 'RE  \u{a0}e\u{301}\u{200b} 🚀!!\r\n   end...  \u{a7cf}\",  ";
+const PROBE_TEXT: &str =
+    "Hello world's  \n\t  x123 4567 ½ 中文字 can't 'LL 'RE  \u{a0}e\u{301}\u{200b} 🚀!!\r\n   end...  \u{a7cf}\",  ";
 
 /// How the words of a text are found.
 enum Cutter {

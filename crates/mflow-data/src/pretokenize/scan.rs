@@ -10,8 +10,7 @@ use super::classes::{decode, folds_to, Classes, LETTER, NUMBER, OTHER, SPACE};
 /// GPT-2's pattern, the one the `ByteLevel` pre-tokenizer uses with `use_regex`.
 pub(crate) const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 /// Llama-3's `Split` pattern (also used by several later byte-level tokenizers).
-pub(crate) const LLAMA3: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub(crate) const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scheme {
@@ -303,10 +302,28 @@ mod tests {
     #[test]
     fn scanners_cut_as_the_regex_engine() {
         for text in [
-            "", " ", "  ", "a", "Hello world's  \n\t  x123 4567 ½ 中文字 can't 'LL 'RE 'Re  \u{a0}e\u{301}\u{200b} 🚀!!\r\n   end...  ",
-            "don't I'M 'ſ 'S we'll they've you're 'd 'x '", "  foo", " \n foo", "\n\n\nx", "a\r\n\r\n  b", "x  \n",
-            "1234567 12 ١٢٣٤ ½¾", "(foo) [bar]\n\n", "    fn main() {\n        let x = 1;\n    }\n", "a\u{3000}\u{3000}b",
-            "\t\tfoo", ";;\r\n\r\nx", " ;\n", "e\u{301}\u{301} \u{301}", "\u{a7cf}\",", "\u{85}\u{85}x", "'\u{17f}t",
+            "",
+            " ",
+            "  ",
+            "a",
+            "Hello world's  \n\t  x123 4567 ½ 中文字 can't 'LL 'RE 'Re  \u{a0}e\u{301}\u{200b} 🚀!!\r\n   end...  ",
+            "don't I'M 'ſ 'S we'll they've you're 'd 'x '",
+            "  foo",
+            " \n foo",
+            "\n\n\nx",
+            "a\r\n\r\n  b",
+            "x  \n",
+            "1234567 12 ١٢٣٤ ½¾",
+            "(foo) [bar]\n\n",
+            "    fn main() {\n        let x = 1;\n    }\n",
+            "a\u{3000}\u{3000}b",
+            "\t\tfoo",
+            ";;\r\n\r\nx",
+            " ;\n",
+            "e\u{301}\u{301} \u{301}",
+            "\u{a7cf}\",",
+            "\u{85}\u{85}x",
+            "'\u{17f}t",
         ] {
             same(text);
         }
@@ -316,7 +333,9 @@ mod tests {
     fn pieces_between_cuts_scan_as_the_whole() {
         let mut text = String::new();
         for n in 0..4000 {
-            text.push_str(["x  \n", "\n\nab", " 'S\n", "\r\nQ", "؛\n", "\u{a0}\n", "12\n", "z", "\n ", ";\r\n"][n % 10]);
+            text.push_str(
+                ["x  \n", "\n\nab", " 'S\n", "\r\nQ", "؛\n", "\u{a0}\n", "12\n", "z", "\n ", ";\r\n"][n % 10],
+            );
             text.push_str(["Hello", " world", "\tx", "..", "é", "\u{3000}"][n % 6]);
         }
         for scheme in [Scheme::Gpt2, Scheme::Llama3] {

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::Parser;
-use miette::Diagnostic;
 use mflow_data::{build, BuildError, DatasetArgs, Options, Summary};
+use miette::Diagnostic;
 
 #[derive(Parser)]
 struct Cli {

@@ -15,13 +15,23 @@ use super::fake_api::Shared;
 pub enum Scenario {
     Succeed,
     /// Rank `rank` exits with `code`; the Job fails and JobSet removes the other pods.
-    Exit { rank: u32, code: i32 },
-    Oom { rank: u32 },
-    Evicted { rank: u32 },
+    Exit {
+        rank: u32,
+        code: i32,
+    },
+    Oom {
+        rank: u32,
+    },
+    Evicted {
+        rank: u32,
+    },
     /// The pod of `rank` is deleted while it runs (`kubectl delete pod`): it gets a
     /// deletionTimestamp, then its container is killed (137) when `killed`, or it goes at once
     /// (as on kwok); the Job fails.
-    Deleted { rank: u32, killed: bool },
+    Deleted {
+        rank: u32,
+        killed: bool,
+    },
     Deadline,
     /// Suspended by a queue first, then admitted and succeeds.
     QueuedThenSucceed,
@@ -31,7 +41,9 @@ pub enum Scenario {
     HoldThenSucceed(Arc<Notify>),
     /// The container of `rank` crashes once and is restarted in place by the kubelet (as with
     /// `restartPolicy: OnFailure` in `torch-distributed`), then all ranks succeed.
-    RestartThenSucceed { rank: u32 },
+    RestartThenSucceed {
+        rank: u32,
+    },
     /// The pods wait for GPUs for a while before they are scheduled, then succeed.
     UnschedulableThenSucceed,
     /// The image name is invalid: pods wait forever.
@@ -158,14 +170,21 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
         tokio::time::sleep(STEP * 4).await;
         for pod in &pods {
             api.modify("pods", &ns, pod, |p| {
-                p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}]);
+                p["status"]["conditions"] =
+                    json!([{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}]);
             });
         }
     }
     if matches!(scenario, Scenario::BadImage) {
         for pod in &pods {
-            set_pod(&api, &ns, pod, "Pending", json!({"waiting": {"reason": "InvalidImageName",
-                "message": format!("Failed to apply default image tag \"{image}\": couldn't parse image name")}}));
+            set_pod(
+                &api,
+                &ns,
+                pod,
+                "Pending",
+                json!({"waiting": {"reason": "InvalidImageName",
+                "message": format!("Failed to apply default image tag \"{image}\": couldn't parse image name")}}),
+            );
         }
         return;
     }
@@ -181,30 +200,10 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
         }
         tokio::time::sleep(STEP).await;
     }
-    if matches!(scenario, Scenario::SuspendedWhileRunning) {
-        set_condition(&api, &ns, &name, condition("Suspended", "True", "Suspended", "TrainJob is suspended"));
-        for pod in &pods {
-            api.close_log(&ns, pod);
-            api.remove("pods", &ns, pod);
-        }
-        tokio::time::sleep(STEP * 4).await;
-        set_condition(&api, &ns, &name, condition("Suspended", "False", "Resumed", "TrainJob is resumed"));
-        for pod in pods.iter_mut() {
-            let fresh = format!("{pod}r");
-            let mut obj = json!({"metadata": {"name": fresh}});
-            obj["metadata"]["labels"] = json!(pod_labels(&job, pods_rank(pod)));
-            obj["metadata"]["annotations"] = json!({"batch.kubernetes.io/job-completion-index": pods_rank(pod).to_string()});
-            obj["spec"] = json!({"containers": [{"name": "node", "image": image}], "restartPolicy": "Never"});
-            obj["status"] = json!({"phase": "Running", "containerStatuses": container_status(json!({"running": {"startedAt": now()}}), 0)});
-            if api.insert("pods", &ns, obj).is_err() {
-                return;
-            }
-            *pod = fresh;
-        }
-        for (rank, pod) in pods.iter().enumerate() {
-            api.append_log(&ns, pod, &format!("started again on node {rank}"));
-        }
-        tokio::time::sleep(STEP).await;
+    if matches!(scenario, Scenario::SuspendedWhileRunning)
+        && !suspend_and_resume(&api, &ns, &name, &job, &image, &mut pods).await
+    {
+        return;
     }
     if let Scenario::HoldThenSucceed(release) = &scenario {
         release.notified().await;
@@ -225,15 +224,50 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
         api.append_log(&ns, &pod, &format!("resumed node {rank} after restart {restarts}"));
         tokio::time::sleep(STEP).await;
     }
+    end(&api, &ns, &name, &pods, scenario).await;
+}
+
+/// Suspends the TrainJob while its pods run (they go away) and resumes it with new pods;
+/// false when the API server is gone.
+async fn suspend_and_resume(api: &Shared, ns: &str, name: &str, job: &Value, image: &str, pods: &mut [String]) -> bool {
+    set_condition(api, ns, name, condition("Suspended", "True", "Suspended", "TrainJob is suspended"));
+    for pod in pods.iter() {
+        api.close_log(ns, pod);
+        api.remove("pods", ns, pod);
+    }
+    tokio::time::sleep(STEP * 4).await;
+    set_condition(api, ns, name, condition("Suspended", "False", "Resumed", "TrainJob is resumed"));
+    for pod in pods.iter_mut() {
+        let fresh = format!("{pod}r");
+        let mut obj = json!({"metadata": {"name": fresh}});
+        obj["metadata"]["labels"] = json!(pod_labels(job, pods_rank(pod)));
+        obj["metadata"]["annotations"] =
+            json!({"batch.kubernetes.io/job-completion-index": pods_rank(pod).to_string()});
+        obj["spec"] = json!({"containers": [{"name": "node", "image": image}], "restartPolicy": "Never"});
+        obj["status"] = json!({"phase": "Running", "containerStatuses": container_status(json!({"running": {"startedAt": now()}}), 0)});
+        if api.insert("pods", ns, obj).is_err() {
+            return false;
+        }
+        *pod = fresh;
+    }
+    for (rank, pod) in pods.iter().enumerate() {
+        api.append_log(ns, pod, &format!("started again on node {rank}"));
+    }
+    tokio::time::sleep(STEP).await;
+    true
+}
+
+/// The scenario's end: the pods finished (or failed as it says) and the TrainJob's condition.
+async fn end(api: &Shared, ns: &str, name: &str, pods: &[String], scenario: Scenario) {
     let fail_rank = |rank: u32| pods[rank as usize].clone();
     let failed = |reason: &str, message: &str| {
-        set_condition(&api, &ns, &name, condition("Failed", "True", reason, message));
+        set_condition(api, ns, name, condition("Failed", "True", reason, message));
     };
     let drop_others = |keep: &str| {
-        for pod in &pods {
+        for pod in pods {
             if pod != keep {
-                api.close_log(&ns, pod);
-                api.remove("pods", &ns, pod);
+                api.close_log(ns, pod);
+                api.remove("pods", ns, pod);
             }
         }
     };
@@ -244,36 +278,42 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
         | Scenario::HoldThenSucceed(_)
         | Scenario::RestartThenSucceed { .. }
         | Scenario::UnschedulableThenSucceed => {
-            for pod in &pods {
-                api.close_log(&ns, pod);
-                set_pod(&api, &ns, pod, "Succeeded", terminated(0, "Completed"));
+            for pod in pods {
+                api.close_log(ns, pod);
+                set_pod(api, ns, pod, "Succeeded", terminated(0, "Completed"));
             }
             tokio::time::sleep(STEP).await;
-            api.modify("trainjobs", &ns, &name, |job| {
-                job["status"]["jobsStatus"] = json!([{"name": "node", "ready": 0, "succeeded": 1, "failed": 0, "active": 0, "suspended": 0}]);
+            api.modify("trainjobs", ns, name, |job| {
+                job["status"]["jobsStatus"] =
+                    json!([{"name": "node", "ready": 0, "succeeded": 1, "failed": 0, "active": 0, "suspended": 0}]);
             });
-            set_condition(&api, &ns, &name, condition("Complete", "True", "AllJobsCompleted", "jobset completed successfully"));
+            set_condition(
+                api,
+                ns,
+                name,
+                condition("Complete", "True", "AllJobsCompleted", "jobset completed successfully"),
+            );
         }
         Scenario::Exit { rank, code } => {
             let pod = fail_rank(rank);
-            api.append_log(&ns, &pod, "Traceback (most recent call last):");
-            api.append_log(&ns, &pod, "ValueError: num_layers must be divisible by pipeline size");
-            api.close_log(&ns, &pod);
-            set_pod(&api, &ns, &pod, "Failed", terminated(code, "Error"));
+            api.append_log(ns, &pod, "Traceback (most recent call last):");
+            api.append_log(ns, &pod, "ValueError: num_layers must be divisible by pipeline size");
+            api.close_log(ns, &pod);
+            set_pod(api, ns, &pod, "Failed", terminated(code, "Error"));
             drop_others(&pod);
             failed("FailedJobs", "jobset failed due to one or more failed jobs");
         }
         Scenario::Oom { rank } => {
             let pod = fail_rank(rank);
-            api.close_log(&ns, &pod);
-            set_pod(&api, &ns, &pod, "Failed", terminated(137, "OOMKilled"));
+            api.close_log(ns, &pod);
+            set_pod(api, ns, &pod, "Failed", terminated(137, "OOMKilled"));
             drop_others(&pod);
             failed("FailedJobs", "jobset failed due to one or more failed jobs");
         }
         Scenario::Evicted { rank } => {
             let pod = fail_rank(rank);
-            api.close_log(&ns, &pod);
-            api.modify("pods", &ns, &pod, |p| {
+            api.close_log(ns, &pod);
+            api.modify("pods", ns, &pod, |p| {
                 p["status"]["phase"] = json!("Failed");
                 p["status"]["reason"] = json!("Evicted");
                 p["status"]["message"] = json!("The node was low on resource: memory.");
@@ -287,14 +327,14 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
         }
         Scenario::Deleted { rank, killed } => {
             let pod = fail_rank(rank);
-            api.modify("pods", &ns, &pod, |p| {
+            api.modify("pods", ns, &pod, |p| {
                 p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:31Z");
                 p["metadata"]["deletionGracePeriodSeconds"] = json!(30);
             });
             tokio::time::sleep(STEP).await;
-            api.close_log(&ns, &pod);
+            api.close_log(ns, &pod);
             if killed {
-                api.modify("pods", &ns, &pod, |p| {
+                api.modify("pods", ns, &pod, |p| {
                     p["status"]["phase"] = json!("Failed");
                     p["status"]["containerStatuses"] = container_status(
                         json!({"terminated": {"exitCode": 137, "reason": "Error", "startedAt": now(), "finishedAt": "2026-01-01T00:00:31Z"}}),
@@ -302,7 +342,7 @@ async fn run(api: Arc<Shared>, ns: String, job: Value, scenario: Scenario) {
                     );
                 });
             }
-            api.remove("pods", &ns, &pod);
+            api.remove("pods", ns, &pod);
             drop_others(&pod);
             failed("FailedJobs", "jobset failed due to one or more failed jobs");
         }
@@ -330,11 +370,16 @@ async fn exec(api: Arc<Shared>, ns: &str, name: &str, job: &Value, pods: &[Strin
         .chain(trainer["args"].as_array().into_iter().flatten())
         .filter_map(|v| v.as_str().map(str::to_string))
         .collect();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(29500);
+    let port =
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(29500);
     let mut ranks = tokio::task::JoinSet::new();
     for (rank, pod) in pods.iter().enumerate() {
         let mut cmd = tokio::process::Command::new(&argv[0]);
-        cmd.args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).kill_on_drop(true);
+        cmd.args(&argv[1..])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
         for var in trainer["env"].as_array().into_iter().flatten() {
             cmd.env(var["name"].as_str().unwrap_or_default(), var["value"].as_str().unwrap_or_default());
         }
@@ -381,10 +426,20 @@ async fn exec(api: Arc<Shared>, ns: &str, name: &str, job: &Value, pods: &[Strin
     tokio::time::sleep(STEP).await;
     match failed {
         None => {
-            set_condition(&api, ns, name, condition("Complete", "True", "AllJobsCompleted", "jobset completed successfully"));
+            set_condition(
+                &api,
+                ns,
+                name,
+                condition("Complete", "True", "AllJobsCompleted", "jobset completed successfully"),
+            );
         }
         Some(_) => {
-            set_condition(&api, ns, name, condition("Failed", "True", "FailedJobs", "jobset failed due to one or more failed jobs"));
+            set_condition(
+                &api,
+                ns,
+                name,
+                condition("Failed", "True", "FailedJobs", "jobset failed due to one or more failed jobs"),
+            );
         }
     }
 }

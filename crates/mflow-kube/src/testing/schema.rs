@@ -86,8 +86,13 @@ pub fn check(validator: &jsonschema::Validator, instance: &Value) -> (Vec<String
         .map(|e| {
             blocking |= matches!(
                 e.kind(),
-                K::Type { .. } | K::Required { .. } | K::MaxLength { .. } | K::MaxItems { .. } | K::MaxProperties { .. }
-                    | K::Enum { .. } | K::AnyOf { .. }
+                K::Type { .. }
+                    | K::Required { .. }
+                    | K::MaxLength { .. }
+                    | K::MaxItems { .. }
+                    | K::MaxProperties { .. }
+                    | K::Enum { .. }
+                    | K::AnyOf { .. }
             );
             format!("{}: {}", e.instance_path(), e)
         })

@@ -13,6 +13,9 @@ use miette::Diagnostic;
 use serde_json::Value;
 use thiserror::Error;
 
+mod rules;
+use rules::*;
+
 #[derive(Debug, Error, Diagnostic)]
 pub enum StructuralError {
     #[error("{crd}: {} x-kubernetes-validations rule(s) cannot be evaluated by the cel crate:\n{}", rules.len(), rules.join("\n"))]
@@ -31,16 +34,57 @@ pub enum StructuralError {
 /// a rule calling anything else (Kubernetes' CEL libraries: `isSorted`, `url`, `quantity`, ...)
 /// counts as not compiled rather than failing at run time.
 const SUPPORTED_FUNCTIONS: &[&str] = &[
-    "!_", "-_", "_!=_", "_%_", "_&&_", "_*_", "_+_", "_-_", "_/_", "_<=_", "_<_", "_==_", "_>=_", "_>_",
-    "_?_:_", "_[_]", "_||_", "@in", "@not_strictly_false", "size", "matches", "contains", "startsWith",
-    "endsWith", "string", "int", "uint", "double", "bytes", "bool", "type", "dyn",
+    "!_",
+    "-_",
+    "_!=_",
+    "_%_",
+    "_&&_",
+    "_*_",
+    "_+_",
+    "_-_",
+    "_/_",
+    "_<=_",
+    "_<_",
+    "_==_",
+    "_>=_",
+    "_>_",
+    "_?_:_",
+    "_[_]",
+    "_||_",
+    "@in",
+    "@not_strictly_false",
+    "size",
+    "matches",
+    "contains",
+    "startsWith",
+    "endsWith",
+    "string",
+    "int",
+    "uint",
+    "double",
+    "bytes",
+    "bool",
+    "type",
+    "dyn",
 ];
 
 /// The fields of ObjectMeta a client may send; the CRD schema leaves `metadata` open.
 const OBJECT_META: &[&str] = &[
-    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
-    "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations",
-    "ownerReferences", "finalizers", "managedFields",
+    "name",
+    "generateName",
+    "namespace",
+    "selfLink",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -307,7 +351,9 @@ impl Structural {
                 .message_expression
                 .as_ref()
                 .and_then(|p| match p.execute(&ctx) {
-                    Ok(Cel::String(s)) if !s.trim().is_empty() && !s.contains(['\n', '\r']) => Some(s.trim().to_string()),
+                    Ok(Cel::String(s)) if !s.trim().is_empty() && !s.contains(['\n', '\r']) => {
+                        Some(s.trim().to_string())
+                    }
                     _ => None,
                 })
                 .unwrap_or_else(|| rule.message_or_default());
@@ -329,100 +375,6 @@ impl Structural {
             }
         }
     }
-}
-
-#[derive(Default)]
-struct Outcome {
-    errors: Vec<FieldError>,
-    ratcheted: Vec<FieldError>,
-}
-
-/// cel-go's wording of the runtime errors the server quotes.
-fn runtime_error(e: &ExecutionError) -> String {
-    match e {
-        ExecutionError::NoSuchKey(k) => format!("no such key: {k}"),
-        ExecutionError::IndexOutOfBounds(i) => format!("index out of bounds: {i:?}"),
-        ExecutionError::DivisionByZero(_) => "division by zero".into(),
-        ExecutionError::RemainderByZero(_) => "modulus by zero".into(),
-        ExecutionError::Overflow(..) => "integer overflow".into(),
-        other => other.to_string(),
-    }
-}
-
-impl Rule {
-    fn parse(spec: &Value, at: &str, failed: &mut Vec<String>) -> Option<Rule> {
-        let source = spec["rule"].as_str().unwrap_or_default().to_string();
-        let compiled = compile(&source);
-        let message_expression = spec["messageExpression"].as_str().map(|m| (m, compile(m)));
-        let shown = if at.is_empty() { "<root>" } else { at };
-        if let Err(why) = &compiled {
-            failed.push(format!("{shown}: {source}: {why}"));
-        }
-        if let Some((m, Err(why))) = &message_expression {
-            failed.push(format!("{shown}: messageExpression {m}: {why}"));
-        }
-        let reason = match spec["reason"].as_str() {
-            Some("FieldValueForbidden") => Reason::Forbidden,
-            Some("FieldValueRequired") => Reason::Required,
-            Some("FieldValueDuplicate") => Reason::Duplicate,
-            _ => Reason::Invalid,
-        };
-        let program = compiled.ok()?;
-        let uses_old_self = program.references().has_variable("oldSelf");
-        Some(Rule {
-            source,
-            program,
-            message: spec["message"].as_str().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()),
-            message_expression: message_expression.and_then(|(_, p)| p.ok()),
-            field_path: spec["fieldPath"].as_str().map(normalize_field_path),
-            reason,
-            uses_old_self,
-        })
-    }
-
-    /// `ruleErrorString`: the message, else the rule.
-    fn error_string(&self) -> String {
-        self.message.clone().unwrap_or_else(|| self.source.trim().to_string())
-    }
-
-    /// `ruleMessageOrDefault`.
-    fn message_or_default(&self) -> String {
-        self.message.clone().unwrap_or_else(|| format!("failed rule: {}", self.source.trim()))
-    }
-}
-
-fn compile(source: &str) -> Result<Program, String> {
-    let program = Program::compile(source).map_err(|e| e.to_string().replace('\n', " "))?;
-    let refs = program.references();
-    let mut missing: Vec<&str> = refs.functions().into_iter().filter(|f| !SUPPORTED_FUNCTIONS.contains(f)).collect();
-    if !missing.is_empty() {
-        missing.sort();
-        return Err(format!("unsupported function(s) {}", missing.join(", ")));
-    }
-    Ok(program)
-}
-
-/// `.a.b` or `.a['b.c']` as the server prints it after the rule's field: `a.b`, `a.b.c`.
-fn normalize_field_path(path: &str) -> String {
-    let mut parts = Vec::new();
-    let mut rest = path.trim();
-    while !rest.is_empty() {
-        if let Some(r) = rest.strip_prefix('[') {
-            let end = r.find(']').unwrap_or(r.len());
-            parts.push(r[..end].trim_matches('\'').to_string());
-            rest = r.get(end + 1..).unwrap_or("");
-        } else {
-            let r = rest.strip_prefix('.').unwrap_or(rest);
-            let end = r.find(['.', '[']).unwrap_or(r.len());
-            if end == 0 && r.len() == rest.len() {
-                break;
-            }
-            parts.push(r[..end].to_string());
-            rest = &r[end..];
-        }
-    }
-    parts.retain(|p| !p.is_empty());
-    parts.join(".")
 }
 
 impl Node {
@@ -465,7 +417,8 @@ impl Node {
             node.items = Some(Box::new(Node::parse(&schema["items"], &format!("{at}[*]"), failed, count)));
         }
         if schema.get("additionalProperties").is_some_and(Value::is_object) {
-            node.values = Some(Box::new(Node::parse(&schema["additionalProperties"], &format!("{at}[*]"), failed, count)));
+            node.values =
+                Some(Box::new(Node::parse(&schema["additionalProperties"], &format!("{at}[*]"), failed, count)));
         }
         node
     }
@@ -543,208 +496,5 @@ fn default(node: &Node, value: &mut Value) {
     }
 }
 
-/// The object as rules on the root see it: of its metadata, only name and generateName.
-fn root_view(node: &Node, obj: &Value) -> Cel {
-    let mut obj = obj.clone();
-    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.retain(|k, _| k == "name" || k == "generateName");
-    }
-    to_cel(node, &obj)
-}
-
-/// Kubernetes' escaping of property names that are not CEL identifiers. Keywords stay as they
-/// are: the runtime CRDs' own rules select `metadata.namespace` as written.
-fn escape(name: &str) -> String {
-    if !name.contains(['.', '-', '/']) && !name.contains("__") {
-        return name.to_string();
-    }
-    name.replace("__", "__underscores__").replace('.', "__dot__").replace('-', "__dash__").replace('/', "__slash__")
-}
-
-fn to_cel(node: &Node, value: &Value) -> Cel {
-    match value {
-        Value::Null => Cel::Null,
-        Value::Bool(b) => Cel::Bool(*b),
-        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
-            (Some(i), _) if node.ty != "number" => Cel::Int(i),
-            (None, Some(u)) if node.ty != "number" => Cel::UInt(u),
-            _ => Cel::Float(n.as_f64().unwrap_or_default()),
-        },
-        Value::String(s) => Cel::String(Arc::new(s.clone())),
-        Value::Array(list) => {
-            let blank = Node::default();
-            let item = node.items.as_deref().unwrap_or(&blank);
-            let mut items: Vec<(String, Cel)> = list.iter().map(|v| (v.to_string(), to_cel(item, v))).collect();
-            // Sets and map lists compare equal whatever their order: a canonical order does it.
-            if !matches!(node.list, ListType::Atomic) {
-                items.sort_by(|a, b| a.0.cmp(&b.0));
-            }
-            Cel::List(Arc::new(items.into_iter().map(|(_, v)| v).collect()))
-        }
-        Value::Object(map) => {
-            let blank = Node::default();
-            let mut out: HashMap<Key, Cel> = HashMap::with_capacity(map.len());
-            for (k, v) in map {
-                let (key, sub) = match (node.properties.get(k), &node.values) {
-                    (Some(prop), _) => (escape(k), prop),
-                    (None, Some(values)) => (k.clone(), values.as_ref()),
-                    (None, None) => (k.clone(), &blank),
-                };
-                out.insert(Key::String(Arc::new(key)), to_cel(sub, v));
-            }
-            Cel::from(out)
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn crd(schema: Value) -> Structural {
-        let crd = json!({"metadata": {"name": "things.example.com"},
-            "spec": {"versions": [{"name": "v1", "schema": {"openAPIV3Schema": schema}}]}});
-        Structural::compile(&crd, "v1").unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    #[test]
-    fn every_supported_function_is_there() {
-        let env = Arc::new(Env::stdlib());
-        for source in [
-            "!false", "-(1) == -1", "1 != 2", "5 % 2 == 1", "true && true", "2 * 3 == 6", "1 + 1 == 2",
-            "3 - 1 == 2", "4 / 2 == 2", "1 <= 1", "1 < 2", "2 >= 1", "2 > 1", "(true ? 1 : 2) == 1",
-            "[1][0] == 1", "false || true", "1 in [1]", "[1].all(x, x > 0)", "size('ab') == 2",
-            "'ab'.matches('^a')", "'ab'.contains('b')", "'ab'.startsWith('a')", "'ab'.endsWith('b')",
-            "string(1) == '1'", "int('2') == 2", "uint(2) == uint(2)", "double(1) == 1.0",
-            "bytes('a') == b'a'", "bool('true')", "type(1) == int", "dyn(1) == 1",
-        ] {
-            let program = compile(source).unwrap_or_else(|e| panic!("{source}: {e}"));
-            let got = program.execute(&Context::with_env(env.clone()));
-            assert_eq!(got, Ok(Cel::Bool(true)), "{source}");
-        }
-        assert!(compile("self.isSorted()").unwrap_err().contains("isSorted"));
-        assert!(compile("self.matches(").is_err());
-    }
-
-    #[test]
-    fn unsupported_rules_are_listed() {
-        let crd = json!({"metadata": {"name": "things.example.com"}, "spec": {"versions": [{"name": "v1",
-            "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {"type": "object",
-                "x-kubernetes-validations": [{"rule": "self.x.isSorted()"}, {"rule": "has(self.x)"},
-                    {"rule": "true", "messageExpression": "self.y.lowerAscii()"}]}}}}}]}});
-        let err = Structural::compile(&crd, "v1").err().expect("must fail");
-        let text = err.to_string();
-        assert!(text.contains("spec: self.x.isSorted(): unsupported function(s) isSorted"), "{text}");
-        assert!(text.contains("spec: messageExpression self.y.lowerAscii()"), "{text}");
-        assert!(!text.contains("has(self.x)"), "{text}");
-    }
-
-    #[test]
-    fn messages_reasons_and_field_paths_are_the_servers() {
-        let s = crd(json!({"type": "object", "properties": {"spec": {"type": "object",
-            "properties": {"n": {"type": "integer"}, "s": {"type": "string"}, "o": {"type": "object", "properties": {"a": {"type": "string"}}}},
-            "x-kubernetes-validations": [
-                {"rule": "!has(self.n) || self.n > 0"},
-                {"rule": "!has(self.s) || self.s != 'x'", "message": "s must not be x", "reason": "FieldValueForbidden", "fieldPath": ".s"},
-                {"rule": "!has(self.o) || has(self.o.a)", "messageExpression": "'o needs a, has ' + string(size(self.o))", "reason": "FieldValueRequired", "fieldPath": ".o['a']"},
-                {"rule": "!has(self.s) || self.s != 'y'", "messageExpression": "''", "message": "fallback"}]}}}));
-        let obj = json!({"spec": {"n": 0, "s": "x", "o": {}}});
-        let (errs, _) = s.validate(&obj, None);
-        let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
-        assert_eq!(text, [
-            "spec: Invalid value: failed rule: !has(self.n) || self.n > 0",
-            "spec.s: Forbidden: s must not be x",
-            "spec.o.a: Required value: o needs a, has 0",
-        ]);
-        let (errs, _) = s.validate(&json!({"spec": {"s": "y"}}), None);
-        assert_eq!(errs[0].to_string(), "spec: Invalid value: fallback");
-    }
-
-    #[test]
-    fn scalars_show_their_value_and_runtime_errors_the_type() {
-        let s = crd(json!({"type": "object", "x-kubernetes-validations": [{"rule": "self.spec.missing == 1"}],
-            "properties": {"spec": {"type": "object", "properties": {
-                "n": {"type": "integer", "x-kubernetes-validations": [{"rule": "self >= 1", "message": "n must be >= 1"}]},
-                "s": {"type": "string", "x-kubernetes-validations": [{"rule": "self in ['a', 'b']"}]}}}}}));
-        let (errs, _) = s.validate(&json!({"spec": {"n": 0, "s": "c"}}), None);
-        let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
-        assert_eq!(text, [
-            "<nil>: Invalid value: \"object\": no such key: missing evaluating rule: self.spec.missing == 1",
-            "spec.n: Invalid value: 0: n must be >= 1",
-            "spec.s: Invalid value: \"c\": failed rule: self in ['a', 'b']",
-        ]);
-    }
-
-    #[test]
-    fn transition_rules_see_the_old_value_of_correlated_items_only() {
-        let s = crd(json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
-            "keyed": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
-                "items": {"type": "object", "properties": {"name": {"type": "string"}, "v": {"type": "string",
-                    "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "field is immutable"}]}}}},
-            "plain": {"type": "array", "items": {"type": "object", "properties": {"v": {"type": "string",
-                "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "field is immutable"}]}}}}}}}}));
-        let old = json!({"spec": {"keyed": [{"name": "a", "v": "1"}, {"name": "b", "v": "1"}], "plain": [{"v": "1"}]}});
-        let new = json!({"spec": {"keyed": [{"name": "b", "v": "2"}, {"name": "c", "v": "2"}], "plain": [{"v": "2"}]}});
-        assert!(s.validate(&new, None).0.is_empty(), "transition rules ran on create");
-        let (errs, _) = s.validate(&new, Some(&old));
-        let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
-        assert_eq!(text, ["spec.keyed[0].v: Invalid value: \"2\": field is immutable"]);
-    }
-
-    #[test]
-    fn failures_on_unchanged_values_are_ratcheted() {
-        let s = crd(json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
-            "a": {"type": "string", "x-kubernetes-validations": [{"rule": "self != 'bad'"}]},
-            "b": {"type": "string", "x-kubernetes-validations": [{"rule": "self != 'bad'"}]}}}}}));
-        let old = json!({"spec": {"a": "bad", "b": "ok"}});
-        let new = json!({"spec": {"a": "bad", "b": "bad"}});
-        let (errs, warnings) = s.validate(&new, Some(&old));
-        assert_eq!(errs.len(), 1, "{errs:?}");
-        assert_eq!(errs[0].path, "spec.b");
-        assert_eq!(warnings.len(), 1);
-        assert_eq!(warnings[0].path, "spec.a");
-    }
-
-    #[test]
-    fn set_and_map_lists_compare_regardless_of_order() {
-        let s = crd(json!({"type": "object", "properties": {"spec": {"type": "object",
-            "x-kubernetes-validations": [{"rule": "self == oldSelf"}],
-            "properties": {"tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
-                "cmd": {"type": "array", "items": {"type": "string"}}}}}}));
-        let old = json!({"spec": {"tags": ["a", "b"], "cmd": ["x", "y"]}});
-        assert!(s.validate(&json!({"spec": {"tags": ["b", "a"], "cmd": ["x", "y"]}}), Some(&old)).0.is_empty());
-        assert_eq!(s.validate(&json!({"spec": {"tags": ["a", "b"], "cmd": ["y", "x"]}}), Some(&old)).0.len(), 1);
-    }
-
-    #[test]
-    fn unknown_fields_are_pruned_and_named() {
-        let s = crd(json!({"type": "object", "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
-            "metadata": {"type": "object"}, "spec": {"type": "object", "properties": {
-                "env": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}}}},
-                "labels": {"type": "object", "additionalProperties": {"type": "string"}}}}}}));
-        let mut obj = json!({"metadata": {"name": "x", "labels": {"a": "b"}, "colour": "red"},
-            "spec": {"foo": 1, "env": [{"name": "A", "value": "1"}], "labels": {"any": "thing"}}, "extra": true});
-        let unknown = s.prune(&mut obj);
-        assert_eq!(unknown, ["extra", "spec.env[0].value", "spec.foo", "metadata.colour"]);
-        assert_eq!(obj, json!({"metadata": {"name": "x", "labels": {"a": "b"}},
-            "spec": {"env": [{"name": "A"}], "labels": {"any": "thing"}}}));
-    }
-
-    #[test]
-    fn defaults_are_applied_and_stray_nulls_dropped() {
-        let s = crd(json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
-            "kind": {"type": "string", "default": "Cluster"}, "n": {"type": "integer"},
-            "items": {"type": "array", "items": {"type": "object", "properties": {"replicas": {"type": "integer", "default": 1}}}}}}}}));
-        let mut obj = json!({"spec": {"n": null, "items": [{}, {"replicas": 3}]}});
-        s.default(&mut obj);
-        assert_eq!(obj, json!({"spec": {"kind": "Cluster", "items": [{"replicas": 1}, {"replicas": 3}]}}));
-    }
-
-    #[test]
-    fn field_paths_normalize() {
-        assert_eq!(normalize_field_path(".a.b"), "a.b");
-        assert_eq!(normalize_field_path(".a['b.c']"), "a.b.c");
-        assert_eq!(normalize_field_path(".a[b]"), "a.b");
-    }
-}
+mod tests;

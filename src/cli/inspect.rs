@@ -1,0 +1,208 @@
+//! The commands that look and change nothing: `plan`, `why`, `validate`, `schema`, `output`.
+
+use std::path::Path;
+
+use super::args::{OutputArgs, OutputFormat, PlanArgs, SchemaFormat, SpecArgs, WhyArgs};
+use super::{load_plan, runtime, user_named, Printer};
+use crate::backend::kubernetes::outside;
+use crate::exit::ExitCode;
+use crate::spec::BackendKind;
+use crate::{plan, record, spec, Error};
+
+pub fn plan(a: PlanArgs, p: &Printer) -> Result<ExitCode, Error> {
+    let (plan, store) = load_plan(&a.spec.spec, &a.spec.set, a.backend)?;
+    let last = record::LastKeys::open(&plan.spec.workdir());
+    let mut decisions = plan::decide(&plan, &store, &last, &[], a.verify);
+    if plan.spec.pipeline.backend == BackendKind::Kubernetes {
+        cluster_cached(&plan.spec, &mut decisions, p);
+    }
+    if a.format.map_or(p.json(), |f| f == OutputFormat::Json) {
+        p.value(&decisions, false);
+    } else {
+        p.out(&render_plan(&decisions));
+        let (root, found) = crate::project::find(&plan.spec.dir);
+        // A note for people: standard output stays the plan's table.
+        p.note(format!("project: {} ({})", root.display(), found.describe()));
+    }
+    Ok(ExitCode::Success)
+}
+
+pub fn why(a: WhyArgs, p: &Printer) -> Result<ExitCode, Error> {
+    let (plan, store) = load_plan(&a.spec, &a.set, None)?;
+    let stage = a.stage;
+    let i = plan.index(&stage).ok_or_else(|| plan::PlanError::UnknownStage(stage.clone()))?;
+    let last = record::LastKeys::open(&plan.spec.workdir());
+    let decisions = plan::decide(&plan, &store, &last, &[], false);
+    let old = last.get(&stage);
+    // Upstream digests as they are now (cached ones), else as last recorded.
+    let digest = |d: usize| -> Option<String> {
+        let n = &plan.stages[d].spec.name;
+        match &decisions[d].decision {
+            plan::Decision::Cached { key } => store.manifest(key).map(|m| m.digest.clone()),
+            _ => last.get(&stage).and_then(|o| o.upstream.get(n).cloned()),
+        }
+    };
+    match (plan.parts_with(i, &digest), old) {
+        (_, None) => p.line(format!("{stage}: never ran in this workdir")),
+        (None, Some(_)) => p.line(format!("{stage}: an upstream stage has no recorded output yet")),
+        (Some(now), Some(old)) => {
+            let diff = crate::cache::key::diff(&now, old);
+            let short = crate::cache::key::short;
+            if diff.is_empty() {
+                p.line(format!("{stage}: key unchanged ({})", short(&now.key())));
+            } else {
+                p.line(format!("{stage}: key {} -> {}", short(&old.key()), short(&now.key())));
+                for line in diff {
+                    p.line(format!("  {line}"));
+                }
+            }
+        }
+    }
+    p.line(format!("decision: {}", describe(&decisions[i].decision)));
+    Ok(ExitCode::Success)
+}
+
+pub fn validate(a: SpecArgs, p: &Printer) -> Result<ExitCode, Error> {
+    let s = spec::load(&a.spec, &a.set)?;
+    if p.json() {
+        p.value(&serde_json::json!({"spec": a.spec, "valid": true, "stages": s.stages.len()}), false);
+    } else {
+        p.line(format!("{}: ok ({} stages)", a.spec.display(), s.stages.len()));
+    }
+    Ok(ExitCode::Success)
+}
+
+pub fn schema(format: SchemaFormat, p: &Printer) -> Result<ExitCode, Error> {
+    match format {
+        SchemaFormat::Json => p.value(&spec::json_schema(), false),
+        SchemaFormat::Markdown => p.out(&spec::reference_markdown()),
+    }
+    Ok(ExitCode::Success)
+}
+
+pub fn output(a: OutputArgs, p: &Printer) -> Result<ExitCode, Error> {
+    let (plan, store) = load_plan(&a.spec, &a.set, None)?;
+    let stage = a.stage;
+    let i = plan.index(&stage).ok_or_else(|| plan::PlanError::UnknownStage(stage.clone()))?;
+    if let Some(to) = &a.download {
+        user_named(&crate::user_output::Owned::new(plan.spec.workdir().root()).spec(&a.spec), to)?;
+    }
+    if plan.spec.pipeline.backend == BackendKind::Kubernetes && crate::backend::kubernetes::outside_cluster(&plan.spec)
+    {
+        return runtime()?.block_on(outside::output(&plan, &stage, &a.set, a.download.as_deref()));
+    }
+    let decisions = plan::decide(&plan, &store, &record::LastKeys::open(&plan.spec.workdir()), &[], false);
+    let plan::Decision::Cached { key } = &decisions[i].decision else {
+        let d = &decisions[i].decision;
+        return Err(Error::usage(
+            format!("stage `{stage}` has no committed output for the current spec ({})", describe(d)),
+            format!("run `mflow run {}` first", a.spec.display()),
+        ));
+    };
+    let dir = store.output_dir(key);
+    let manifest = store.manifest(key);
+    if let Some(to) = a.download {
+        let m = manifest.ok_or_else(|| {
+            Error::usage(format!("stage `{stage}` has no manifest to copy by"), "`mflow cache repair` restores it")
+        })?;
+        copy_output(&dir, &m, &to)?;
+        p.line(to.display().to_string());
+    } else if p.json() {
+        let (digest, files) = manifest.map(|m| (m.digest.clone(), m.files.clone())).unwrap_or_default();
+        p.value(&serde_json::json!({"path": dir, "digest": digest, "files": files}), true);
+    } else {
+        p.line(dir.display().to_string());
+    }
+    Ok(ExitCode::Success)
+}
+
+/// Copies a committed output to `to` (which must not exist) through a staging directory,
+/// checking every file against its manifest.
+fn copy_output(dir: &Path, m: &crate::cache::Manifest, to: &Path) -> Result<(), Error> {
+    if to.symlink_metadata().is_ok() {
+        return Err(Error::usage(format!("{} exists", to.display()), "copy into a directory that does not exist yet"));
+    }
+    let staging = outside::records::staged_beside(to);
+    let copied = (|| -> Result<(), Error> {
+        for f in &m.files {
+            let rel = outside::relative(&f.path).ok_or_else(|| {
+                Error::usage(
+                    format!(
+                        "the manifest of {} lists a file outside it: {}",
+                        dir.display(),
+                        spec::error::excerpt(&f.path)
+                    ),
+                    "`mflow cache repair` rebuilds the manifest log",
+                )
+            })?;
+            let (from, dest) = (dir.join(&rel), staging.join(&rel));
+            if let Some(parent) = dest.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+            }
+            std::fs::copy(&from, &dest).map_err(|e| Error::io(&from, e))?;
+            if crate::cache::hash_file(&dest).map_err(|e| Error::io(&dest, e))? != f.blake3 {
+                return Err(Error::usage(
+                    format!("{} differs from the digest its manifest records", from.display()),
+                    "`mflow run --verify` rebuilds a damaged entry",
+                ));
+            }
+        }
+        std::fs::create_dir_all(&staging).map_err(|e| Error::io(&staging, e))?;
+        std::fs::rename(&staging, to).map_err(|e| Error::io(to, e))
+    })();
+    if copied.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    copied
+}
+
+/// Stages that would run because this machine lacks their output, but that the cluster's cache
+/// index lists, are reported as cached in the cluster.
+fn cluster_cached(spec: &spec::Spec, decisions: &mut [plan::StageDecision], p: &Printer) {
+    let Ok(rt) = tokio::runtime::Runtime::new() else { return };
+    let kube = match rt.block_on(crate::backend::kubernetes::Kubernetes::connect_read_only(spec)) {
+        Ok(k) => k,
+        Err(e) => {
+            p.note(format!("mflow: cannot read the cluster's cache index: {}", e.explain()));
+            return;
+        }
+    };
+    for d in decisions.iter_mut() {
+        let plan::Decision::Run { key: Some(key), reason } = &mut d.decision else { continue };
+        match rt.block_on(kube.cache_get(&spec.pipeline.name, key)) {
+            Ok(Some(entry)) => *reason = format!("cached in the cluster ({}), not visible from here", entry.output),
+            Ok(None) => {}
+            Err(e) => p.note(format!("mflow: cannot read the cluster's cache index: {e}")),
+        }
+    }
+}
+
+fn describe(d: &plan::Decision) -> String {
+    match d {
+        plan::Decision::Cached { key } => format!("cached ({})", crate::cache::key::short(key)),
+        plan::Decision::Run { reason, .. } => format!("run: {reason}"),
+        plan::Decision::Resume { iteration, .. } => format!("resume from checkpoint iteration {iteration}"),
+    }
+}
+
+pub fn render_plan(decisions: &[plan::StageDecision]) -> String {
+    let w = decisions.iter().map(|d| d.stage.len()).max().unwrap_or(5);
+    let mut out = String::new();
+    for d in decisions {
+        let (action, why) = match &d.decision {
+            plan::Decision::Cached { key } => ("cached", crate::cache::key::short(key).to_string()),
+            plan::Decision::Run { reason, .. } => ("run", reason.clone()),
+            plan::Decision::Resume { iteration, .. } => ("resume", format!("from checkpoint iteration {iteration}")),
+        };
+        out.push_str(&format!("{:<w$}  {:<9} {:<7} {}\n", d.stage, d.kind, action, why));
+    }
+    // Which engine each stage runs and why, below the table: the same line a run prints.
+    let engines: Vec<_> = decisions.iter().filter_map(|d| Some((&d.stage, d.engine.as_ref()?))).collect();
+    if !engines.is_empty() {
+        out.push('\n');
+        for (stage, engine) in engines {
+            out.push_str(&format!("{stage}: {engine}\n"));
+        }
+    }
+    out
+}
