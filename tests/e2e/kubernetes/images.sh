@@ -181,7 +181,9 @@ import_image() {
   local ctr_=(ctr --address "$sock" --namespace k8s.io) key
   key=$(basename "$archive" .tar)
   key=${key##*-}
-  if "${ctr_[@]}" images ls "name==$name" | grep -q "mflow.dev/e2e-key=$key"; then
+  local listed
+  listed=$("${ctr_[@]}" images ls "name==$name")
+  if grep -q "mflow.dev/e2e-key=$key" <<<"$listed"; then
     log "cached: $name in the e2e containerd"
     return 0
   fi
