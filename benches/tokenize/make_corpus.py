@@ -2,11 +2,16 @@
 """Builds the tokenization benchmark corpus from text already on this machine, and trains the
 benchmark's BPE tokenizer on a slice of it.
 
-One document per source file (Rust crate sources, Rust toolchain docs, Python sources, Debian
-package docs), UTF-8 only, de-duplicated by content, files over 16 MB left out, shuffled with a
-fixed seed, written as JSONL {"text": ...} until --mb megabytes of text.
+One document per source file, UTF-8 only, de-duplicated by content, files over 16 MB left out,
+shuffled with a fixed seed, written as JSONL {"text": ...} until --mb megabytes of text. Three
+kinds of corpus (--kind):
+- mixed (the bench corpus): Rust crate sources, Rust toolchain docs and library sources, Python
+  sources, Debian package docs;
+- docs: HTML and Markdown documentation (the Rust toolchains' HTML books and API pages, the
+  Markdown of crates and of Go), long documents among them;
+- code: source code in several languages (Rust, Go, C and C headers, Python, assembly, shell).
 
-usage: make_corpus.py OUTDIR [--mb 520] [--vocab 32000] [--pretokenizer gpt2|llama3]
+usage: make_corpus.py OUTDIR [--kind mixed|docs|code] [--mb 520] [--vocab 32000] [--pretokenizer gpt2|llama3]
 writes OUTDIR/corpus.jsonl, OUTDIR/tokenizer/{tokenizer.json,tokenizer_config.json}, OUTDIR/corpus.json
 """
 import argparse
@@ -24,21 +29,36 @@ LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[
           r"|\s+(?!\S)|\s+")
 
 
-def roots():
+KINDS = {
+    'mixed': EXTS,
+    'docs': ('.html', '.htm', '.md', '.markdown'),
+    'code': ('.rs', '.go', '.c', '.h', '.py', '.s', '.S', '.sh'),
+}
+
+
+def roots(kind='mixed'):
     home = os.path.expanduser('~')
-    out = [os.path.join(home, '.cargo/registry/src')]
-    out += sorted(glob.glob(os.path.join(home, '.rustup/toolchains/*/share/doc')))
-    out += sorted(glob.glob(os.path.join(home, '.rustup/toolchains/*/lib/rustlib/src')))
-    out += sorted(glob.glob('/usr/lib/python3*')) + ['/usr/share/doc']
+    cargo = os.path.join(home, '.cargo/registry/src')
+    docs = sorted(glob.glob(os.path.join(home, '.rustup/toolchains/*/share/doc')))
+    rust_src = sorted(glob.glob(os.path.join(home, '.rustup/toolchains/*/lib/rustlib/src')))
+    python = sorted(glob.glob('/usr/lib/python3*'))
+    go = [os.path.join(os.environ.get('GOROOT', '/usr/local/go'), 'src')]
+    if kind == 'docs':
+        out = docs + [cargo, os.path.dirname(go[0]), '/usr/share/doc']
+    elif kind == 'code':
+        out = [cargo] + rust_src + go + ['/usr/include'] + python
+    else:
+        out = [cargo] + docs + rust_src + python + ['/usr/share/doc']
     return [r for r in out if os.path.isdir(r)]
 
 
-def candidates():
-    files = []
-    for root in roots():
+def candidates(kind='mixed'):
+    exts, files = KINDS[kind], []
+    for root in roots(kind):
         for dirpath, _, names in os.walk(root):
             for n in names:
-                if n.endswith(EXTS) or n.endswith('.gz') or n in ('copyright', 'README', 'changelog'):
+                plain = kind == 'mixed' and (n.endswith('.gz') or n in ('copyright', 'README', 'changelog'))
+                if n.endswith(exts) or plain:
                     files.append(os.path.join(dirpath, n))
     files.sort()
     return files
@@ -61,6 +81,7 @@ def read_text(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('outdir')
+    ap.add_argument('--kind', choices=sorted(KINDS), default='mixed')
     ap.add_argument('--mb', type=int, default=520)
     ap.add_argument('--vocab', type=int, default=32000)
     ap.add_argument('--pretokenizer', choices=['gpt2', 'llama3'], default='gpt2',
@@ -68,7 +89,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
     t0 = time.time()
-    files = candidates()
+    files = candidates(a.kind)
     random.Random(0).shuffle(files)
     seen, total, docs, sample, sample_bytes = set(), 0, 0, [], 0
     with open(os.path.join(a.outdir, 'corpus.jsonl'), 'w', encoding='utf-8') as out:
@@ -113,7 +134,7 @@ def main():
     print(f'tokenizer: vocab {tok.get_vocab_size()} trained on {sample_bytes} bytes in {time.time() - t1:.0f}s')
     with open(os.path.join(a.outdir, 'corpus.json'), 'w') as f:
         json.dump({'documents': docs, 'text_bytes': total, 'sample_bytes': sample_bytes,
-                   'vocab': tok.get_vocab_size(), 'roots': roots()}, f, indent=1)
+                   'vocab': tok.get_vocab_size(), 'kind': a.kind, 'roots': roots(a.kind)}, f, indent=1)
 
 
 if __name__ == '__main__':

@@ -6,6 +6,7 @@
 //! options with [`Options::from_args`] (no file access) and [`Options::validate`] (loads the
 //! tokenizer). Library users call [`build`] directly.
 
+mod bpe;
 pub mod build;
 pub mod cli;
 pub mod indexed;

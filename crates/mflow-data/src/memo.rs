@@ -17,6 +17,7 @@ use std::sync::Mutex;
 use tokenizers::models::ModelWrapper;
 use tokenizers::{Encoding, Model, OffsetReferential, OffsetType, PreTokenizer, Token, Tokenizer};
 
+use crate::bpe::ByteLevelBpe;
 use crate::pretokenize::ByteLevelSplitter;
 use crate::words::WordIds;
 
@@ -35,6 +36,8 @@ pub(crate) struct Framing {
 pub(crate) struct WordMemo {
     framing: Framing,
     lean: Option<ByteLevelSplitter>,
+    /// The merges of new words, with mflow's pre-tokenizer, where they match the crate's model.
+    merges: Option<ByteLevelBpe>,
     workers: Vec<Mutex<WordIds>>,
 }
 
@@ -58,9 +61,12 @@ impl WordMemo {
         let framing = if add_special_tokens { probe_framing(tokenizer)? } else { Framing::default() };
         let workers = workers.max(1);
         let cap_per_worker = (cap_bytes / workers).max(1 << 20);
+        let lean = ByteLevelSplitter::for_tokenizer(tokenizer);
+        let merges = lean.as_ref().and_then(|lean| ByteLevelBpe::for_tokenizer(tokenizer, lean.byte_chars()));
         Some(WordMemo {
             framing,
-            lean: ByteLevelSplitter::for_tokenizer(tokenizer),
+            lean,
+            merges,
             workers: (0..workers).map(|_| Mutex::new(WordIds::new(cap_per_worker))).collect(),
         })
     }
@@ -68,6 +74,11 @@ impl WordMemo {
     /// mflow's own pre-tokenizer, when it runs instead of the crate's.
     pub(crate) fn lean(&self) -> Option<&ByteLevelSplitter> {
         self.lean.as_ref()
+    }
+
+    /// Whether mflow's own merges encode new words (else the crate's model).
+    pub(crate) fn own_merges(&self) -> bool {
+        self.merges.is_some()
     }
 
     /// Appends the ids of `text` to `out`, as `tokenizer.encode(text, add_special_tokens)` gives
@@ -121,9 +132,13 @@ impl WordMemo {
                 let mut lean_words = |segment: &str, from: usize, to: usize, out: &mut Vec<u32>| {
                     let bytes = segment.as_bytes();
                     lean.for_each_word(segment, from, to, |start, end| {
-                        memo.ids_of(bytes, start, end, out, |word| {
+                        memo.ids_of(bytes, start, end, out, |word, out| {
+                            if self.merges.as_ref().is_some_and(|merges| merges.encode(word, out)) {
+                                return Ok(());
+                            }
                             lean.map_into(word, &mut mapped);
-                            model.tokenize(&mapped)
+                            out.extend(model.tokenize(&mapped)?.iter().map(|t| t.id));
+                            Ok(())
                         })
                     })
                 };
@@ -150,7 +165,10 @@ impl WordMemo {
                     match tokens {
                         // added tokens come out of the extraction already tokenized
                         Some(tokens) => out.extend(tokens.iter().map(|t| t.id)),
-                        None => memo.ids_of(word.as_bytes(), 0, word.len(), out, |_| model.tokenize(word))?,
+                        None => memo.ids_of(word.as_bytes(), 0, word.len(), out, |_, out| {
+                            out.extend(model.tokenize(word)?.iter().map(|t| t.id));
+                            Ok(())
+                        })?,
                     }
                 }
             }

@@ -151,6 +151,7 @@ impl Encoder {
             Kind::ByteLevel => "bytes".into(),
             Kind::Hf { memo: None, .. } => "tokenizers encode".into(),
             Kind::Hf { memo: Some(memo), .. } => match memo.lean() {
+                Some(lean) if memo.own_merges() => format!("{} + word memo + byte-level merges", lean.path()),
                 Some(lean) => format!("{} + word memo", lean.path()),
                 None => "tokenizers pre-tokenizer + word memo".into(),
             },

@@ -11,7 +11,6 @@
 use std::hash::BuildHasher;
 
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
-use tokenizers::Token;
 
 /// Words longer than this skip the memo (they are rare and would crowd it).
 pub(crate) const MAX_WORD_BYTES: usize = 256;
@@ -76,7 +75,7 @@ impl WordIds {
         start: usize,
         end: usize,
         out: &mut Vec<u32>,
-        tokenize: impl FnOnce(&[u8]) -> tokenizers::Result<Vec<Token>>,
+        tokenize: impl FnOnce(&[u8], &mut Vec<u32>) -> tokenizers::Result<()>,
     ) -> tokenizers::Result<()> {
         let len = end - start;
         if len == 1 {
@@ -136,12 +135,11 @@ impl WordIds {
         word: &[u8],
         key: [u64; 2],
         out: &mut Vec<u32>,
-        tokenize: impl FnOnce(&[u8]) -> tokenizers::Result<Vec<Token>>,
+        tokenize: impl FnOnce(&[u8], &mut Vec<u32>) -> tokenizers::Result<()>,
     ) -> tokenizers::Result<Short> {
-        let tokens = tokenize(word)?;
         let first = out.len();
-        out.extend(tokens.iter().map(|t| t.id));
-        self.make_room(SHORT_COST + 4 * tokens.len());
+        tokenize(word, out)?;
+        self.make_room(SHORT_COST + 4 * (out.len() - first));
         let ids = &out[first..];
         let mut slot = Short { key, len_ids: word.len() as u32 | (ids.len() as u32) << 8, ids: [0; INLINE_IDS] };
         if ids.len() <= INLINE_IDS {
@@ -158,21 +156,22 @@ impl WordIds {
         &mut self,
         word: &[u8],
         out: &mut Vec<u32>,
-        tokenize: impl FnOnce(&[u8]) -> tokenizers::Result<Vec<Token>>,
+        tokenize: impl FnOnce(&[u8], &mut Vec<u32>) -> tokenizers::Result<()>,
     ) -> tokenizers::Result<()> {
         if let Some(&(at, n)) = self.long.get(word) {
             out.extend_from_slice(&self.long_ids[at as usize..(at + n) as usize]);
             return Ok(());
         }
-        let tokens = tokenize(word)?;
-        out.extend(tokens.iter().map(|t| t.id));
+        let first = out.len();
+        tokenize(word, out)?;
         if word.len() > MAX_WORD_BYTES {
             return Ok(());
         }
-        self.make_room(word.len() + 4 * tokens.len() + LONG_OVERHEAD);
+        let n = out.len() - first;
+        self.make_room(word.len() + 4 * n + LONG_OVERHEAD);
         let at = self.long_ids.len() as u32;
-        self.long_ids.extend(tokens.iter().map(|t| t.id));
-        self.long.insert(word.into(), (at, tokens.len() as u32));
+        self.long_ids.extend_from_slice(&out[first..]);
+        self.long.insert(word.into(), (at, n as u32));
         Ok(())
     }
 
@@ -223,8 +222,10 @@ fn short_key(text: &[u8], start: usize, len: usize) -> [u64; 2] {
 mod tests {
     use super::*;
 
-    fn tokens(ids: &[u32]) -> Vec<Token> {
-        ids.iter().map(|&id| Token::new(id, String::new(), (0, 0))).collect()
+    /// A tokenizer stand-in that appends `ids`.
+    fn tokens(ids: &[u32], out: &mut Vec<u32>) -> tokenizers::Result<()> {
+        out.extend_from_slice(ids);
+        Ok(())
     }
 
     #[test]
@@ -238,10 +239,10 @@ mod tests {
         // "a" and "a\0" share padded bytes; the length tells them apart
         let mut memo = WordIds::new(1 << 20);
         let mut out = Vec::new();
-        memo.ids_of(b"a", 0, 1, &mut out, |_| Ok(tokens(&[1]))).unwrap();
-        memo.ids_of(b"a\0", 0, 2, &mut out, |_| Ok(tokens(&[2, 3]))).unwrap();
-        memo.ids_of(b"a\0", 0, 1, &mut out, |_| panic!("a is remembered")).unwrap();
-        memo.ids_of(b"a\0", 0, 2, &mut out, |_| panic!("a\\0 is remembered")).unwrap();
+        memo.ids_of(b"a", 0, 1, &mut out, |_, out| tokens(&[1], out)).unwrap();
+        memo.ids_of(b"a\0", 0, 2, &mut out, |_, out| tokens(&[2, 3], out)).unwrap();
+        memo.ids_of(b"a\0", 0, 1, &mut out, |_, _| panic!("a is remembered")).unwrap();
+        memo.ids_of(b"a\0", 0, 2, &mut out, |_, _| panic!("a\\0 is remembered")).unwrap();
         assert_eq!(out, [1, 2, 3, 1, 2, 3]);
     }
 
@@ -253,9 +254,9 @@ mod tests {
         for round in 0..2 {
             for w in &words {
                 let mut out = vec![9];
-                memo.ids_of(w, 0, w.len(), &mut out, |word| {
+                memo.ids_of(w, 0, w.len(), &mut out, |word, out| {
                     assert!(round == 0 || w.len() > MAX_WORD_BYTES, "{} bytes asked again", w.len());
-                    Ok(tokens(&ids(word)))
+                    tokens(&ids(word), out)
                 })
                 .unwrap();
                 assert_eq!(out[1..], ids(w)[..]);
@@ -268,7 +269,7 @@ mod tests {
         let mut memo = WordIds::new(10_000);
         for i in 0..10_000u32 {
             let word = format!("w{i}");
-            memo.ids_of(word.as_bytes(), 0, word.len(), &mut Vec::new(), |_| Ok(tokens(&[i]))).unwrap();
+            memo.ids_of(word.as_bytes(), 0, word.len(), &mut Vec::new(), |_, out| tokens(&[i], out)).unwrap();
             assert!(memo.used_bytes <= 10_000);
         }
         assert!(memo.short.len() < 10_000 / SHORT_COST + 1);

@@ -247,7 +247,7 @@ fn datasets_match_python_tokenizers_and_do_not_depend_on_threads() {
                 threads,
             ])
             .unwrap();
-            assert_eq!(summary.path, format!("scanner ({scheme}) + word memo"));
+            assert_eq!(summary.path, format!("scanner ({scheme}) + word memo + byte-level merges"));
             assert_eq!(summary.stats.skipped.invalid_utf8, 1);
             outputs
                 .push([std::fs::read(out.join("train.bin")).unwrap(), std::fs::read(out.join("train.idx")).unwrap()]);

@@ -79,7 +79,7 @@ fn other_tokenizer_shapes_match() {
     let nfc = variant(tmp.path(), "nfc", |t| t["normalizer"] = json!({"type": "NFC"}));
     let prefix = variant(tmp.path(), "prefix", |t| t["pre_tokenizer"]["add_prefix_space"] = json!(true));
     for (tok, path) in [
-        (&llama3, "scanner (llama3) + word memo"),
+        (&llama3, "scanner (llama3) + word memo + byte-level merges"),
         (&nfc, "tokenizers pre-tokenizer + word memo"),
         (&prefix, "tokenizers pre-tokenizer + word memo"),
     ] {

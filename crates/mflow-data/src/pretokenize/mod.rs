@@ -114,6 +114,11 @@ impl ByteLevelSplitter {
         }
     }
 
+    /// The byte-level alphabet: the character of each byte ('\0' for bytes never in UTF-8).
+    pub(crate) fn byte_chars(&self) -> &[char; 256] {
+        &self.byte_chars
+    }
+
     /// `word` in the byte-level alphabet (one character per UTF-8 byte), as the model sees it.
     pub(crate) fn map_into(&self, word: &[u8], mapped: &mut String) {
         mapped.clear();
