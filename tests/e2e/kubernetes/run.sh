@@ -20,7 +20,12 @@ MFLOW_BIN="$(cd "$(dirname "$MFLOW_BIN")" && pwd)/$(basename "$MFLOW_BIN")"
 # The mflow home whose Python environment was provisioned before the suite: the local run that
 # main_job_on_kubelet compares the cluster's with uses it. The cases give mflow a home of their own.
 MFLOW_E2E_LOCAL_HOME="${MFLOW_E2E_LOCAL_HOME:-${MFLOW_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/mflow}}"
-export MFLOW_BIN MFLOW_E2E_LOCAL_HOME MFLOW_E2E_STATE="$STATE_DIR"
+# The mflow wheel notebook_on_kubelet installs: the newest of target/wheels/ unless given.
+if [ -z "${MFLOW_E2E_WHEEL:-}" ]; then
+  MFLOW_E2E_WHEEL=$(find "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/wheels" -name 'mflow-*.whl' -printf '%T@ %p\n' 2>/dev/null |
+    sort -n | tail -1 | cut -d' ' -f2-)
+fi
+export MFLOW_BIN MFLOW_E2E_LOCAL_HOME MFLOW_E2E_WHEEL MFLOW_E2E_STATE="$STATE_DIR"
 
 VOLUME=/mflow
 TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"

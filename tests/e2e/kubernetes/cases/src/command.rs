@@ -16,6 +16,8 @@ use crate::Suite;
 #[must_use = "a command does nothing until it is run"]
 pub struct Mflow {
     suite: Suite,
+    /// The program: the suite's mflow, or another one that runs it (see [`Mflow::program`]).
+    program: PathBuf,
     args: Vec<OsString>,
     env: Vec<(OsString, Option<OsString>)>,
     dir: Option<PathBuf>,
@@ -39,6 +41,7 @@ impl Mflow {
         ];
         Mflow {
             suite: suite.clone(),
+            program: suite.bin.clone(),
             args: args.into_iter().map(Into::into).collect(),
             env,
             dir: None,
@@ -46,6 +49,13 @@ impl Mflow {
             timeout: None,
             outside: false,
         }
+    }
+
+    /// Runs `program` in place of the suite's mflow, with the same environment: a tool that
+    /// drives mflow (Papermill running the notebook).
+    pub fn program(mut self, program: impl Into<PathBuf>) -> Self {
+        self.program = program.into();
+        self
     }
 
     pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
@@ -98,13 +108,14 @@ impl Mflow {
 
     fn describe(&self) -> String {
         let args: Vec<String> = self.args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-        format!("mflow {}", args.join(" "))
+        let name = self.program.file_name().unwrap_or_default().to_string_lossy();
+        format!("{name} {}", args.join(" "))
     }
 
     /// Starts mflow and returns at once; `Running::wait` ends it.
     pub fn spawn(self) -> Running {
         assert!(!self.outside, "spawn: hold `Case::outside()` for the time the volume is away");
-        let mut cmd = Command::new(&self.suite.bin);
+        let mut cmd = Command::new(&self.program);
         cmd.args(&self.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         for (name, value) in &self.env {
             match value {
@@ -115,7 +126,7 @@ impl Mflow {
         if let Some(dir) = &self.dir {
             cmd.current_dir(dir);
         }
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", self.suite.bin.display()));
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", self.program.display()));
         let text = Arc::new(Mutex::new(String::new()));
         let stdout = Arc::new(Mutex::new(String::new()));
         let stderr = Arc::new(Mutex::new(String::new()));

@@ -50,6 +50,9 @@ pub struct Suite {
     pub local_home: PathBuf,
     /// `vars.iterations` of the main job when `MFLOW_E2E_MAIN_ITERATIONS` is set.
     pub main_iterations: Option<String>,
+    /// The mflow wheel the notebook case installs (`MFLOW_E2E_WHEEL`; run.sh gives the newest of
+    /// target/wheels/).
+    pub wheel: Option<PathBuf>,
 }
 
 /// The stage image of the kubelet phase: busybox and the mflow under test (run.sh builds it).
@@ -102,6 +105,7 @@ impl Suite {
             cpu_image: env_or("MFLOW_E2E_CPU_IMAGE", || "localhost/mflow-cpu:e2e".into()),
             local_home: PathBuf::from(env_or("MFLOW_E2E_LOCAL_HOME", || format!("{cache}/mflow"))),
             main_iterations: std::env::var("MFLOW_E2E_MAIN_ITERATIONS").ok().filter(|v| !v.is_empty()),
+            wheel: std::env::var_os("MFLOW_E2E_WHEEL").filter(|v| !v.is_empty()).map(PathBuf::from),
         };
         suite.link_volume();
         suite

@@ -14,6 +14,7 @@
 mod access;
 mod connect;
 mod follow;
+mod notebook;
 mod outside;
 mod outside_reads;
 mod pipeline;
@@ -77,5 +78,6 @@ mod kubelet {
         train::main_job_pp2_on_kubelet,
         train::train_pod_deleted_resumes,
         train::train_on_two_nodes_kubelet,
+        notebook::notebook_on_kubelet,
     );
 }

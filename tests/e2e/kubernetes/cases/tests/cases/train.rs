@@ -17,7 +17,7 @@ use crate::pipeline::outcomes;
 /// The images in the node's containerd, and a volume that this mflow (root) and the pods of
 /// those images (uid 1000) both write: the workdirs mflow makes here, and the upload area that
 /// earlier cases' root pods made.
-fn prepare_train_case(c: &Case) {
+pub(crate) fn prepare_train_case(c: &Case) {
     for image in [&c.suite.train_image, &c.suite.cpu_image] {
         wait_until(secs(60), &format!("the node to list the image {image} (tests/e2e/kubernetes/images.sh)"), || {
             c.cluster().nodes("").iter().any(|n| {
@@ -37,7 +37,7 @@ fn prepare_train_case(c: &Case) {
 
 /// A user's checkout of this repository (HEAD), made once per cluster: the main job reads its
 /// docs and sources, which must not change between the runs a case compares.
-fn checkout(c: &Case) -> PathBuf {
+pub(crate) fn checkout(c: &Case) -> PathBuf {
     let dir = c.suite.state.join("checkout");
     if !dir.join(".git").exists() {
         let tmp = c.suite.state.join("checkout.tmp");
