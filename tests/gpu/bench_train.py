@@ -3,7 +3,7 @@ one variant after another in one process (baseline first: the GPU probe's config
 
 python -m torch.distributed.run --nproc-per-node=TP tests/gpu/bench_train.py SHARDS OUT.jsonl [variants]
 A variant is '+'-joined knobs: base, default (the engine's default knobs), the engine's knobs (fused_adam, swiglu_fusion, ce_fusion, ce_compiled,
-wgrad_fusion, cuda_graph, cudnn_attn, cudnn_attn_expand, compile_rope, compile_norm, seq_parallel), mbsN
+wgrad_fusion, cudnn_attn, cudnn_attn_expand, compile_rope, compile_norm, seq_parallel), mbsN
 (micro-batch N instead of 4), accN (N micro-batches per step, gradient accumulation; one by default) and
 prof (profile this variant). BENCH_PROFILE=1 profiles two steps of every variant after the timed ones and
 prints where the GPU time goes.
@@ -56,8 +56,6 @@ def run_variant(ps, shards, knobs):
                                                  use_distributed_optimizer=False, clip_grad=1.0), [ddp])
     config.no_sync_func, config.finalize_model_grads_func, config.grad_scale_func = ddp.no_sync, finalize_model_grads, opt.scale_loss
     fb = get_forward_backward_func()
-    if "cuda_graph" in knobs:
-        fb = MF.full_iteration_graph(fb)
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def data():
@@ -100,8 +98,6 @@ def run_variant(ps, shards, knobs):
            "tflops_per_gpu_probe_formula": round(f_probe / dt / 1e12 / world, 1),
            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "mem_at_start_gib": round(mem_before, 1),
            "first_step_s": round(times[0], 2), "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
-    if "cuda_graph" in knobs:
-        MF.reset_full_iteration_graph()
     del ddp, opt, model, fb, step, out
     gc.collect()  # Megatron's DDP hooks hold the model in reference cycles
     torch.cuda.empty_cache()

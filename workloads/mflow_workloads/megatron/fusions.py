@@ -7,8 +7,6 @@
 - `enable_wgrad_fusion`: Megatron's gradient-accumulation fusion (the weight-gradient GEMM adds
   straight into the fp32 main_grad) through torch's addmm with an fp32 output, in place of apex's
   fused_weight_gradient_mlp_cuda.
-- `full_iteration_graph`: Megatron's full-iteration CUDA graph around the forward-backward
-  function, freeing the allocator's cache before the capture so that the graph's pool fits.
 """
 
 from __future__ import annotations
@@ -107,28 +105,3 @@ def enable_wgrad_fusion() -> None:
 
     layers.fused_weight_gradient_mlp_cuda = _WgradAccumulate
     layers._grad_accum_fusion_available = True
-
-
-def full_iteration_graph(forward_backward, warmup_steps: int = 2):
-    """Megatron's FullCudaGraphWrapper: eager for `warmup_steps` calls per mode (training,
-    validation), then one captured graph replayed per call. The allocator's cached blocks are
-    released before a capture, so the graph's private pool has the memory the eager steps used."""
-    from megatron.core.full_cuda_graph import FullCudaGraphWrapper
-
-    class Wrapper(FullCudaGraphWrapper):
-        def __call__(self, *args, **kwargs):
-            mode = "validation" if kwargs.get("forward_only") else "training"
-            if self.curr_iter(mode) == self.cuda_graph_warmup_steps:
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-            return super().__call__(*args, **kwargs)
-
-    return Wrapper(forward_backward, cuda_graph_warmup_steps=warmup_steps)
-
-
-def reset_full_iteration_graph() -> None:
-    """Drops the captured graphs and static inputs (class-level in Megatron), for another model."""
-    from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
-
-    FullCudaGraphWrapper(None).reset_cuda_graph()
-    StaticBufferLoader.static_buffers = {"training": [], "validation": []}

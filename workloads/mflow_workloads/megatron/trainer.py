@@ -21,9 +21,36 @@ from ..config import TrainConfig
 from ..errors import ConfigError
 from . import batches as MB, checkpoint as MC, fusions as MF, model as MM
 
-# Speed knobs, each measured in docs/benchmarks.md (## Training); comma-separated, "none" for none.
+# Speed knobs, each measured in docs/benchmarks.md (## Training): MFLOW_MEGATRON_KNOBS,
+# comma-separated, "none" for none, "default" for these.
 DEFAULT_KNOBS = "ce_compiled,swiglu_fusion,fused_adam,compile_rope,cudnn_attn"
-KNOBS = {k for k in os.environ.get("MFLOW_MEGATRON_KNOBS", DEFAULT_KNOBS).split(",") if k and k != "none"}
+KNOWN_KNOBS = frozenset(DEFAULT_KNOBS.split(",")) | {
+    "ce_fusion",
+    "compile_norm",
+    "cudnn_attn_expand",
+    "seq_parallel",
+    "wgrad_fusion",
+    "bf16_grads",
+}
+
+
+def parse_knobs(text: str) -> set[str]:
+    """The knobs a MFLOW_MEGATRON_KNOBS value names; an unknown name is refused rather than
+    ignored, so that a misspelt knob is not measured as if it were on."""
+    knobs = set()
+    for name in (k.strip() for k in text.split(",")):
+        if name in ("", "none"):
+            continue
+        if name == "default":
+            knobs |= set(DEFAULT_KNOBS.split(","))
+        elif name in KNOWN_KNOBS:
+            knobs.add(name)
+        else:
+            raise ConfigError(
+                f"MFLOW_MEGATRON_KNOBS names an unknown knob {name[:64]!r}",
+                f"use some of {', '.join(sorted(KNOWN_KNOBS))}, or default, or none",
+            )
+    return knobs
 
 
 def _enable_fused_adamw() -> None:
@@ -109,8 +136,6 @@ class MegatronEngine:
         from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
 
         self.schedule = get_forward_backward_func()
-        if "cuda_graph" in self.knobs:
-            self.schedule = MF.full_iteration_graph(self.schedule)
         torch.cuda.reset_peak_memory_stats()
 
     def _batches(self, ds, iteration: int):
@@ -209,6 +234,7 @@ def run(cfg: TrainConfig) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    knobs = parse_knobs(os.environ.get("MFLOW_MEGATRON_KNOBS", DEFAULT_KNOBS))
     if not torch.cuda.is_available():
         raise ConfigError("engine 'megatron' needs CUDA, and no GPU is visible", "use engine 'reference' on CPU")
     runtime.init_distributed(True)
@@ -219,6 +245,7 @@ def run(cfg: TrainConfig) -> dict:
     MM.check_stage_split(manifest, cfg.tp, cfg.pp, f"shards {cfg.shards}")
     MM.check_megatron_layout(rank, cfg.tp, cfg.dp, cfg.pp)
     # Sequence parallelism splits the sequence over the TP ranks.
-    knobs = KNOBS if cfg.seq_length % cfg.tp == 0 else KNOBS - {"seq_parallel"}
+    if cfg.seq_length % cfg.tp:
+        knobs.discard("seq_parallel")
     engine = MegatronEngine(cfg, manifest, spec, meta, knobs)
     return T.train(cfg, engine, manifest, rank == 0, knobs=sorted(knobs))
