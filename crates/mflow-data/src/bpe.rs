@@ -6,10 +6,12 @@
 //! Used only for the configurations where the crate does nothing more than that: no dropout, no
 //! subword prefix or suffix, and every byte's character in the vocabulary (so no unknown token
 //! and no byte fallback). `ignore_merges` (a word that is a token is that token) is honoured.
-//! At load the merges are checked against the crate's model on every token of the vocabulary.
+//! At load the merges are checked against the crate's model on a sample of the vocabulary.
+
+use std::borrow::Cow;
 
 use hashbrown::HashMap;
-use serde_json::Value;
+use serde::Deserialize;
 use tokenizers::models::ModelWrapper;
 use tokenizers::{Model, Tokenizer};
 
@@ -30,41 +32,43 @@ impl ByteLevelBpe {
     /// (see the module comment). `byte_chars` is the byte-level alphabet of its pre-tokenizer.
     pub(crate) fn for_tokenizer(tokenizer: &Tokenizer, byte_chars: &[char; 256]) -> Option<ByteLevelBpe> {
         let ModelWrapper::BPE(model) = tokenizer.get_model() else { return None };
-        let config = serde_json::to_value(model).ok()?;
-        let unset = |key: &str| config.get(key).is_none_or(Value::is_null);
-        if !unset("dropout") || !unset("continuing_subword_prefix") || !unset("end_of_word_suffix") {
+        if model.dropout.is_some() || model.continuing_subword_prefix.is_some() || model.end_of_word_suffix.is_some()
+        {
             return None;
         }
-        let vocab: HashMap<String, u32> = model.get_vocab().into_iter().collect();
+        let id = |token: &str| model.token_to_id(token);
         let mut byte_ids = [u32::MAX; 256];
         for (b, c) in byte_chars.iter().enumerate() {
             if *c != '\0' {
-                byte_ids[b] = *vocab.get(c.to_string().as_str())?;
+                byte_ids[b] = id(c.encode_utf8(&mut [0; 4]))?;
             }
         }
-        let mut merges = HashMap::new();
-        for (rank, pair) in config.get("merges")?.as_array()?.iter().enumerate() {
-            let (left, right) = match pair {
-                Value::Array(two) => (two.first()?.as_str()?, two.get(1)?.as_str()?),
-                Value::String(joined) => joined.split_once(' ')?,
-                _ => return None,
-            };
-            let ids = (*vocab.get(left)?, *vocab.get(right)?);
-            let merged = *vocab.get(format!("{left}{right}").as_str())?;
-            merges.insert(ids, (u32::try_from(rank).ok()?, merged));
+        // The model keeps its merges in a private map; it lists them in rank order when it
+        // serializes itself.
+        let text = serde_json::to_vec(model).ok()?;
+        let listed: Listed = serde_json::from_slice(&text).ok()?;
+        let mut merges = HashMap::with_capacity(listed.merges.len());
+        let mut joined = String::new();
+        for (rank, merge) in listed.merges.iter().enumerate() {
+            let (left, right) = merge.halves()?;
+            joined.clear();
+            joined.push_str(left);
+            joined.push_str(right);
+            merges.insert((id(left)?, id(right)?), (u32::try_from(rank).ok()?, id(&joined)?));
         }
-        let whole_words = config.get("ignore_merges").and_then(Value::as_bool).unwrap_or(false).then(|| {
+        let whole_words = model.ignore_merges.then(|| {
             let unmap: HashMap<char, u8> = byte_chars.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
-            vocab
-                .iter()
-                .filter_map(|(token, &id)| {
+            model
+                .get_vocab()
+                .into_iter()
+                .filter_map(|(token, id)| {
                     let raw: Option<Vec<u8>> = token.chars().map(|c| unmap.get(&c).copied()).collect();
                     Some((raw?.into_boxed_slice(), id))
                 })
                 .collect()
         });
         let bpe = ByteLevelBpe { byte_ids, merges, whole_words };
-        bpe.matches_model(model, &vocab, byte_chars).then_some(bpe)
+        bpe.matches_model(model, byte_chars).then_some(bpe)
     }
 
     /// Appends the ids of the raw bytes `word` to `out`; false (nothing appended) when the word
@@ -150,16 +154,15 @@ impl ByteLevelBpe {
         kept
     }
 
-    /// Every token of the vocabulary, as raw bytes, encoded here and by the crate's model.
-    fn matches_model(
-        &self,
-        model: &tokenizers::models::bpe::BPE,
-        vocab: &HashMap<String, u32>,
-        byte_chars: &[char; 256],
-    ) -> bool {
+    /// About CHECKED tokens of the vocabulary (every n-th id), as raw bytes, encoded here and by
+    /// the crate's model. The tests compare the two on whole vocabularies and random merge tables.
+    fn matches_model(&self, model: &tokenizers::models::bpe::BPE, byte_chars: &[char; 256]) -> bool {
+        const CHECKED: usize = 2048;
         let unmap: HashMap<char, u8> = byte_chars.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
+        let size = model.get_vocab_size();
         let mut ours = Vec::new();
-        for token in vocab.keys() {
+        for id in (0..size as u32).step_by((size / CHECKED).max(1)) {
+            let Some(token) = model.id_to_token(id) else { continue };
             let Some(raw) = token.chars().map(|c| unmap.get(&c).copied()).collect::<Option<Vec<u8>>>() else {
                 continue; // an added or special token outside the byte alphabet
             };
@@ -167,12 +170,36 @@ impl ByteLevelBpe {
             if !self.encode(&raw, &mut ours) {
                 continue;
             }
-            let Ok(theirs) = model.tokenize(token) else { return false };
+            let Ok(theirs) = model.tokenize(&token) else { return false };
             if !theirs.iter().map(|t| t.id).eq(ours.iter().copied()) {
                 return false;
             }
         }
         true
+    }
+}
+
+/// The merges of a serialized BPE model, in rank order.
+#[derive(Deserialize)]
+struct Listed<'a> {
+    #[serde(borrow)]
+    merges: Vec<Merge<'a>>,
+}
+
+/// A merge as `["left", "right"]`, or as the older `"left right"`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Merge<'a> {
+    Pair(#[serde(borrow)] Cow<'a, str>, #[serde(borrow)] Cow<'a, str>),
+    Joined(#[serde(borrow)] Cow<'a, str>),
+}
+
+impl Merge<'_> {
+    fn halves(&self) -> Option<(&str, &str)> {
+        match self {
+            Merge::Pair(left, right) => Some((left, right)),
+            Merge::Joined(joined) => joined.split_once(' '),
+        }
     }
 }
 

@@ -19,6 +19,9 @@ use thiserror::Error;
 
 const MAGIC: &[u8; 9] = b"MMIDIDX\x00\x00";
 const IO_BUFFER: usize = 4 << 20;
+/// The `.bin` is handed to the kernel's writeback every this many bytes while it is written, so
+/// that the `fsync` at the end (before the dataset is committed) has little left to wait for.
+const WRITE_BEHIND: u64 = 32 << 20;
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum IndexedError {
@@ -100,6 +103,20 @@ impl Dtype {
     }
 }
 
+/// Starts writing `len` bytes of `file` from `offset` to disk, without waiting for it; a hint, so
+/// a failure is left to the `fsync` that follows.
+#[cfg(target_os = "linux")]
+fn start_writeback(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sync_file_range only reads the descriptor, which `file` keeps open.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset as libc::off64_t, len as libc::off64_t, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_file: &File, _offset: u64, _len: u64) {}
+
 /// Streams one indexed dataset to disk.
 pub struct IndexedWriter {
     prefix: PathBuf,
@@ -108,6 +125,9 @@ pub struct IndexedWriter {
     lengths: BufWriter<File>,
     documents: u64,
     tokens: u64,
+    /// Bytes appended to the `.bin`, and how many of them writeback was started for.
+    written: u64,
+    behind: u64,
 }
 
 impl IndexedWriter {
@@ -124,6 +144,8 @@ impl IndexedWriter {
             lengths: BufWriter::with_capacity(1 << 16, lengths),
             documents: 0,
             tokens: 0,
+            written: 0,
+            behind: 0,
         })
     }
 
@@ -156,6 +178,12 @@ impl IndexedWriter {
             .map_err(|source| IndexedError::Io { path: with_ext(&self.prefix, "lengths.tmp"), source })?;
         self.documents += lengths.len() as u64;
         self.tokens += (bytes.len() / self.dtype.size()) as u64;
+        self.written += bytes.len() as u64;
+        if self.written - self.behind >= WRITE_BEHIND {
+            self.bin.flush().map_err(|source| IndexedError::Io { path: self.bin_path(), source })?;
+            start_writeback(self.bin.get_ref(), self.behind, self.written - self.behind);
+            self.behind = self.written;
+        }
         Ok(())
     }
 
