@@ -32,8 +32,7 @@ impl ByteLevelBpe {
     /// (see the module comment). `byte_chars` is the byte-level alphabet of its pre-tokenizer.
     pub(crate) fn for_tokenizer(tokenizer: &Tokenizer, byte_chars: &[char; 256]) -> Option<ByteLevelBpe> {
         let ModelWrapper::BPE(model) = tokenizer.get_model() else { return None };
-        if model.dropout.is_some() || model.continuing_subword_prefix.is_some() || model.end_of_word_suffix.is_some()
-        {
+        if model.dropout.is_some() || model.continuing_subword_prefix.is_some() || model.end_of_word_suffix.is_some() {
             return None;
         }
         let id = |token: &str| model.token_to_id(token);

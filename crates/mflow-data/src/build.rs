@@ -158,9 +158,15 @@ pub fn build(opts: &Options) -> Result<Summary, BuildError> {
     let threads =
         if opts.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { opts.threads };
     let memo_bytes = usize::try_from(opts.word_memo_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-    let encoder = Arc::new(opts.validate()?.with_word_memo(threads, threads.saturating_mul(memo_bytes)));
     let files = input::expand(&opts.inputs, opts.format)?;
     let total_bytes: u64 = files.iter().map(|f| f.bytes).sum();
+    // The reader starts first: it reads ahead (as many batches as may be in flight) while the
+    // tokenizer loads, which takes a tenth of a second or more.
+    let bytes_read = Arc::new(AtomicU64::new(0));
+    let max_in_flight = threads * IN_FLIGHT_PER_THREAD;
+    let (batch_tx, batch_rx) = sync_channel::<Result<Batch, InputError>>(max_in_flight);
+    let reader = spawn_reader(files.clone(), opts, bytes_read.clone(), batch_tx)?;
+    let encoder = Arc::new(opts.validate()?.with_word_memo(threads, threads.saturating_mul(memo_bytes)));
     let reporter = Reporter::new("tokenize", Some(total_bytes), "bytes");
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
@@ -174,14 +180,9 @@ pub fn build(opts: &Options) -> Result<Summary, BuildError> {
         writers.push(IndexedWriter::create(&staging.path().join(name), encoder.dtype())?);
     }
 
-    let bytes_read = Arc::new(AtomicU64::new(0));
-    let (batch_tx, batch_rx) = sync_channel::<Result<Batch, InputError>>(threads * 2);
-    let reader = spawn_reader(files.clone(), opts, bytes_read.clone(), batch_tx)?;
-
     let mut splits = [SplitStats::default(), SplitStats::default(), SplitStats::default()];
     let mut truncated = 0;
     let (done_tx, done_rx) = channel::<Encoded>();
-    let max_in_flight = threads * IN_FLIGHT_PER_THREAD;
     let (mut in_flight, mut next_seq, mut reader_done) = (0usize, 0u64, false);
     let mut pending = BTreeMap::new();
     loop {
