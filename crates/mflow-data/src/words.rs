@@ -4,7 +4,7 @@
 //! by those bytes as two integers, zero-padded, with their length, and their ids (up to three,
 //! which covers nearly all words of a 32k vocabulary) are stored in the same 32-byte slot, in a
 //! `hashbrown` table with a seeded hash (a corpus cannot be made to collide), behind a small
-//! direct-mapped cache of recent words. One-byte words, a third of all, are found by their byte
+//! two-way cache of recent words. One-byte words, a third of all, are found by their byte
 //! without hashing. Longer words, up to [`MAX_WORD_BYTES`], go to a second map keyed by their
 //! bytes.
 
