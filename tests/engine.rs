@@ -365,6 +365,42 @@ fn an_output_is_listed_and_copied_whole() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// `metrics show`: the output's metrics.json and the metric lines of the run that computed it,
+/// the same after a cached rerun; a stage without a committed output for the spec as it is now
+/// is refused.
+#[test]
+fn metrics_show_gives_the_summary_and_the_lines_of_the_run_that_computed_them() {
+    let spec = "[pipeline]\nname = \"m\"\n[vars]\nn = 2\n[stages.fit]\nkind = \"command\"\nrun = [\"sh\", \"-c\", \
+        \"for i in $(seq ${vars.n}); do echo '{\\\"iteration\\\": '$i', \\\"loss\\\": '$((10 - i))'}' >> $MFLOW_METRICS; done; \
+        echo '{\\\"val_loss\\\": 1.5}' > $MFLOW_OUTPUT/metrics.json\"]\n";
+    let p = project(spec);
+    assert_eq!(code(&p.run(&[])), 0);
+    let show = |extra: &[&str]| {
+        let mut args = vec!["--output-format", "json", "metrics", "show", "spec.toml", "fit"];
+        args.extend_from_slice(extra);
+        p.mflow(&args)
+    };
+    let o = show(&[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let first = v["run"].as_str().unwrap().to_string();
+    assert_eq!(v["summary"], serde_json::json!({"val_loss": 1.5}));
+    assert_eq!(v["series"], serde_json::json!([{"iteration": 1, "loss": 9}, {"iteration": 2, "loss": 8}]));
+    assert!(std::path::Path::new(v["path"].as_str().unwrap()).join("metrics.json").is_file());
+    assert_eq!(v["digest"].as_str().unwrap().len(), 64);
+
+    // A cached rerun computed nothing: the lines are still those of the first run.
+    assert_eq!(code(&p.run(&[])), 0);
+    let v: serde_json::Value = serde_json::from_slice(&show(&[]).stdout).unwrap();
+    assert_eq!(v["run"].as_str(), Some(first.as_str()));
+
+    let text = common::stdout(&p.mflow(&["metrics", "show", "spec.toml", "fit"]));
+    assert!(text.contains(&format!("run {first}: 2 metric lines")) && text.contains("val_loss = 1.5"), "{text}");
+    let o = show(&["--set", "vars.n=3"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("no committed output"), "{}", stderr(&o));
+}
+
 #[test]
 fn gc_keeps_what_recent_runs_use() {
     let p = project(&diamond());

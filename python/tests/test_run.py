@@ -57,7 +57,7 @@ def test_a_run_its_events_record_output_and_metrics(small_spec):
     assert (out / "numbers").read_text().split() == ["1", "2", "3"]
     assert str(out) == record.stages["count"].output
 
-    m = mflow.metrics(small_spec, "count", run=result)
+    m = mflow.metrics(small_spec, "count")
     assert m.run_id == result.run_id and m.summary is None
     assert m.values("loss") == [(1, 9.5), (2, 8.5), (3, 7.5)]
     assert m.table(("iteration", "loss")).splitlines() == [
@@ -75,7 +75,7 @@ def test_a_second_run_is_cached_and_its_metrics_come_from_the_run_that_computed_
     assert again.finished is not None and again.finished.counts.cached == 2
     assert {e.stage for e in again.events if isinstance(e, ev.StageCached)} == {"count", "score"}
     assert again.stage("count").status == "cached"
-    m = mflow.metrics(small_spec, "count", run=again)
+    m = mflow.metrics(small_spec, "count")
     assert m.run_id == first.run_id and len(m.series) == 3
 
 

@@ -107,7 +107,8 @@ fn flatten(prefix: &str, v: &Json, out: &mut BTreeMap<String, f64>) {
     }
 }
 
-fn read_series(path: &Path) -> Vec<Json> {
+/// The JSON objects of a stage's metrics.jsonl, in order, up to a cap.
+pub fn read_series(path: &Path) -> Vec<Json> {
     use std::io::{BufRead, Read};
     // Written by the stage: opened as the one reader of such files does, and read line by line
     // up to a cap rather than whole.

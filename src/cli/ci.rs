@@ -62,7 +62,10 @@ pub fn report(a: ReportArgs, p: &Printer) -> Result<ExitCode, Error> {
 }
 
 pub fn metrics(c: MetricsCommand, p: &Printer) -> Result<ExitCode, Error> {
-    let MetricsCommand::Diff { run_a, run_b, workdir, fail_if } = c;
+    let (run_a, run_b, workdir, fail_if) = match c {
+        MetricsCommand::Show(a) => return super::inspect::stage_metrics(a, p),
+        MetricsCommand::Diff { run_a, run_b, workdir, fail_if } => (run_a, run_b, workdir, fail_if),
+    };
     let workdir = workdir.resolve_one(p)?;
     finish((|| -> Result<ExitCode, CiError> {
         let conditions = fail_if.iter().map(|c| crate::ci::diff::Condition::parse(c)).collect::<Result<Vec<_>, _>>()?;

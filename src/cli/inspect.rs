@@ -1,4 +1,5 @@
-//! The commands that look and change nothing: `plan`, `why`, `validate`, `schema`, `output`.
+//! The commands that look and change nothing: `plan`, `why`, `validate`, `schema`, `output`,
+//! `metrics show`.
 
 use std::path::Path;
 
@@ -89,18 +90,11 @@ pub fn output(a: OutputArgs, p: &Printer) -> Result<ExitCode, Error> {
     }
     if plan.spec.pipeline.backend == BackendKind::Kubernetes && crate::backend::kubernetes::outside_cluster(&plan.spec)
     {
-        return runtime()?.block_on(outside::output(&plan, &stage, &a.set, a.download.as_deref()));
+        return runtime()?.block_on(outside::output(&plan, &stage, &a.set, a.download.as_deref(), p.json()));
     }
-    let decisions = plan::decide(&plan, &store, &record::LastKeys::open(&plan.spec.workdir()), &[], false);
-    let plan::Decision::Cached { key } = &decisions[i].decision else {
-        let d = &decisions[i].decision;
-        return Err(Error::usage(
-            format!("stage `{stage}` has no committed output for the current spec ({})", describe(d)),
-            format!("run `mflow run {}` first", a.spec.display()),
-        ));
-    };
-    let dir = store.output_dir(key);
-    let manifest = store.manifest(key);
+    let key = committed_key(&plan, &store, i, &a.spec)?;
+    let dir = store.output_dir(&key);
+    let manifest = store.manifest(&key);
     if let Some(to) = a.download {
         let m = manifest.ok_or_else(|| {
             Error::usage(format!("stage `{stage}` has no manifest to copy by"), "`mflow cache repair` restores it")
@@ -112,6 +106,65 @@ pub fn output(a: OutputArgs, p: &Printer) -> Result<ExitCode, Error> {
         p.value(&serde_json::json!({"path": dir, "digest": digest, "files": files}), true);
     } else {
         p.line(dir.display().to_string());
+    }
+    Ok(ExitCode::Success)
+}
+
+/// The key of stage `i`'s committed output for the spec as it is now.
+fn committed_key(plan: &plan::Plan, store: &crate::cache::Store, i: usize, spec: &Path) -> Result<String, Error> {
+    let decisions = plan::decide(plan, store, &record::LastKeys::open(&plan.spec.workdir()), &[], false);
+    match &decisions[i].decision {
+        plan::Decision::Cached { key } => Ok(key.clone()),
+        d => Err(Error::usage(
+            format!(
+                "stage `{}` has no committed output for the current spec ({})",
+                plan.stages[i].spec.name,
+                describe(d)
+            ),
+            format!("run `mflow run {}` first", spec.display()),
+        )),
+    }
+}
+
+/// `mflow metrics show SPEC STAGE`: the summary (metrics.json) of a stage's committed output,
+/// and the metric lines of the newest run that committed it. From outside a cluster, the image's
+/// mflow answers in the volume pod.
+pub fn stage_metrics(a: OutputArgs, p: &Printer) -> Result<ExitCode, Error> {
+    let (plan, store) = load_plan(&a.spec, &a.set, None)?;
+    let i = plan.index(&a.stage).ok_or_else(|| plan::PlanError::UnknownStage(a.stage.clone()))?;
+    if plan.spec.pipeline.backend == BackendKind::Kubernetes && crate::backend::kubernetes::outside_cluster(&plan.spec)
+    {
+        return runtime()?.block_on(outside::metrics(&plan, &a.stage, &a.set, p.json()));
+    }
+    let key = committed_key(&plan, &store, i, &a.spec)?;
+    let dir = store.output_dir(&key);
+    let digest = store.manifest(&key).map(|m| m.digest.clone()).unwrap_or_default();
+    let summary = crate::untrusted::read_json(&dir.join("metrics.json"), crate::untrusted::RESULT_JSON);
+    let workdir = plan.spec.workdir();
+    let run = record::list(&workdir).into_iter().rev().find(|id| {
+        record::load(&workdir, id).and_then(|r| r.stages.get(&a.stage).cloned()).is_some_and(|s| {
+            s.status == record::StageStatus::Succeeded && s.output_digest.as_deref() == Some(digest.as_str())
+        })
+    });
+    let series = run.as_ref().map_or_else(Vec::new, |id| {
+        crate::ci::run_data::read_series(&crate::workdir::stage_dir(&workdir.run(id), &a.stage).join("metrics.jsonl"))
+    });
+    if p.json() {
+        let answer = serde_json::json!({
+            "stage": a.stage, "path": dir, "digest": digest, "run": run, "summary": summary, "series": series,
+        });
+        p.value(&answer, true);
+        return Ok(ExitCode::Success);
+    }
+    p.line(dir.display().to_string());
+    match &run {
+        Some(id) => p.line(format!("run {id}: {} metric lines", series.len())),
+        None => p.line("no recorded run here committed this output: no metric lines"),
+    }
+    for (k, v) in summary.as_ref().and_then(|s| s.as_object()).into_iter().flatten() {
+        if v.is_number() || v.is_string() || v.is_boolean() {
+            p.line(format!("{k} = {v}"));
+        }
     }
     Ok(ExitCode::Success)
 }

@@ -438,6 +438,9 @@ pub struct ReportArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum MetricsCommand {
+    /// The metrics of a stage's committed output: its summary (metrics.json) and the lines that
+    /// the run which computed it logged (from a cluster's volume when the run is there).
+    Show(OutputArgs),
     /// Compare the final metrics of two runs, per stage.
     Diff {
         /// The first run (id or unique prefix).

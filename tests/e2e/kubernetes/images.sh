@@ -110,7 +110,7 @@ CONTEXT="$IMAGES_DIR/context"
 make_context() {
   rm -rf "$CONTEXT"
   mkdir -p "$CONTEXT/workloads" "$CONTEXT/target/release"
-  cp -p "$REPO_ROOT/workloads/requirements.lock" "$CONTEXT/workloads/"
+  cp -p "$REPO_ROOT/workloads/requirements.lock" "$REPO_ROOT/workloads/requirements-uv.txt" "$CONTEXT/workloads/"
   tar -C "$REPO_ROOT/workloads" --exclude=__pycache__ --exclude='*.pyc' -cf - mflow_workloads |
     tar -C "$CONTEXT/workloads" -xpf -
   # Stripped: the debug build's line tables are most of its size.
@@ -141,6 +141,8 @@ build() {
     echo "$archive"
     return 0
   fi
+  # An archive of another key is stale: gone before the build, which needs the disk.
+  rm -f "$stem"-*.tar
   local old ca_args=()
   [ -f "$CA_BUNDLE" ] && ca_args=(--secret "id=pip-cert,src=$CA_BUNDLE")
   old=$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$name" 2>/dev/null || true)
@@ -160,7 +162,6 @@ build() {
   new=$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$name")
   # The previous image of this name shares all but its last layers; its own go.
   if [ -n "$old" ] && [ "$old" != "$new" ]; then "${B[@]}" rmi "$old" >/dev/null 2>&1 || true; fi
-  rm -f "$stem"-*.tar
   # docker-archive (`docker save`'s format, which containerd imports): its layers stay
   # uncompressed, where buildah 1.28 gzips those of an oci-archive even with
   # --disable-compression, and gzip of gigabytes of CUDA libraries takes minutes on 2 cores.

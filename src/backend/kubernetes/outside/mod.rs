@@ -24,7 +24,7 @@ pub use cancel::cancel;
 pub use download::relative;
 use events::Follower;
 use follow::End;
-pub use output::output;
+pub use output::{metrics, output};
 use upload::{Bundle, UploadError};
 use volume::VolumePod;
 
