@@ -3,7 +3,7 @@ one variant after another in one process (baseline first: the GPU probe's config
 
 python -m torch.distributed.run --nproc-per-node=TP tests/gpu/bench_train.py SHARDS OUT.jsonl [variants]
 A variant is '+'-joined knobs: base, default (the engine's default knobs), the engine's knobs (fused_adam, swiglu_fusion, ce_fusion, ce_compiled,
-wgrad_fusion, cudnn_attn, cudnn_attn_expand, compile_rope, compile_norm, seq_parallel), mbsN
+wgrad_fusion, foreach_optim, swiglu_backward, cudnn_attn, cudnn_attn_expand, compile_rope, compile_norm, seq_parallel), mbsN
 (micro-batch N instead of 4), accN (N micro-batches per step, gradient accumulation; one by default) and
 prof (profile this variant). BENCH_PROFILE=1 profiles two steps of every variant after the timed ones and
 prints where the GPU time goes.
@@ -22,7 +22,7 @@ import torch.distributed as dist
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "workloads"))
 
-from mflow_workloads.megatron import batches as MB, fusions as MF, model as MM, trainer as MT  # noqa: E402
+from mflow_workloads.megatron import batches as MB, model as MM, trainer as MT  # noqa: E402
 from mflow_workloads import shards as S  # noqa: E402
 from mflow_workloads.flops import flops_per_batch  # noqa: E402
 
@@ -43,10 +43,7 @@ def run_variant(ps, shards, knobs):
     tp = ps.get_tensor_model_parallel_world_size()
     m = S.read_manifest(shards)
     spec = S.spec_of(m)
-    if "fused_adam" in knobs:
-        MT._enable_fused_adamw()
-    if "wgrad_fusion" in knobs:
-        MF.enable_wgrad_fusion()
+    MT.set_process_knobs(knobs)
     config = MM.transformer_config(spec, tp, 1, "bf16", knobs)
     model = MM.build_model(spec, config, tp, SEQ, "sdpa", knobs)
     MM.load_shard(model, shards, m, ps.get_tensor_model_parallel_rank(), 0)

@@ -1,11 +1,15 @@
 """GPU check of the Megatron engine's fusions (mflow_workloads/megatron/fusions.py) against
 references, with timings (one GPU, no process group).
 
-python tests/gpu/check_fusions.py
+python tests/gpu/check_fusions.py            # CHECKS=swiglu,foreach for some of them
 - the weight-gradient accumulation (addmm into fp32) against float64, on fresh random data;
 - the compiled cross-entropy against Megatron's native fused one and torch's cross_entropy in fp32:
   loss and logits gradient, Llama-3 vocab (128256), 4 x 4096 tokens; the time of forward + backward
-  of each (CUDA events, median of 10 after 3 warm-ups). Prints CHECK lines and exits 1 on a miss.
+  of each (CUDA events, median of 10 after 3 warm-ups);
+- SwiGLU's backward kernel against Megatron's compiled swiglu_back (bitwise, and float64), MLP-sized;
+- the foreach optimizer ops against Megatron's local fallbacks: the gradient norm, clipping and
+  the main -> model weight copy on the Llama-3.2-1B shapes, and their time.
+Prints CHECK lines and exits 1 on a miss.
 """
 
 import os
@@ -90,6 +94,68 @@ def check_ce(ok):
     return ok
 
 
+def check_swiglu(ok):
+    from megatron.core.fusions.fused_bias_swiglu import swiglu_back
+
+    torch.manual_seed(0)
+    rows, n = 4 * 4096, 8192
+    x = torch.randn(rows, 2 * n, device="cuda", dtype=torch.bfloat16) * 3
+    g = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    ours, megatrons = MF.swiglu_backward(g, x), swiglu_back(g, x)
+    a, b = x.double().chunk(2, -1)
+    s = torch.sigmoid(a)
+    exact = torch.cat((g.double() * s * (1 + a * (1 - s)) * b, g.double() * a * s), -1)
+    same = float((ours == megatrons).float().mean())
+    e_ours, e_meg = rel(ours, exact), rel(megatrons, exact)
+    t_ours = timed(lambda: MF.swiglu_backward(g, x))
+    t_meg = timed(lambda: swiglu_back(g, x))
+    gb = (x.numel() * 2 * 2 + g.numel() * 2) / 1e9
+    good = e_ours <= e_meg * 1.01 + 1e-6 and same > 0.99
+    ok &= good
+    print(f"CHECK swiglu backward {rows}x{2 * n}: bitwise equal to Megatron's {same:.4%}, rel err ours {e_ours:.2e} "
+          f"Megatron's {e_meg:.2e} ({'ok' if good else 'MISS'}); ours {t_ours:.3f} ms ({gb / t_ours:.2f} TB/s), "
+          f"Megatron's {t_meg:.3f} ms ({gb / t_meg:.2f} TB/s)", flush=True)
+    return ok
+
+
+def check_foreach_optimizer(ok):
+    from megatron.core.utils import local_multi_tensor_l2_norm, local_multi_tensor_scale
+
+    torch.manual_seed(0)
+    h, ffn, layers, vocab = 2048, 8192, 16, 128256
+    shapes = [(vocab, h)] + [(3072, h), (h, h), (2 * ffn, h), (h, ffn), (h,), (h,)] * layers + [(h,)]
+    grads = [torch.randn(s, device="cuda") * 1e-3 for s in shapes]
+    norm_ours, _ = MF._l2_norm(0, None, [grads], False)
+    norm_meg, _ = local_multi_tensor_l2_norm(0, None, [grads], False)
+    exact = torch.stack([t.double().norm() for t in grads]).norm()
+    e_norm = abs(float(norm_ours) - float(exact)) / float(exact)
+    main = [torch.randn(s, device="cuda") for s in shapes]
+    model_ours = [torch.empty(s, device="cuda", dtype=torch.bfloat16) for s in shapes]
+    model_meg = [torch.empty(s, device="cuda", dtype=torch.bfloat16) for s in shapes]
+    MF._scale(0, None, [main, model_ours], 1.0)
+    local_multi_tensor_scale(0, None, [main, model_meg], 1.0)
+    copy_same = all(torch.equal(a, b) for a, b in zip(model_ours, model_meg))
+    clip_ours, clip_meg = [t.clone() for t in grads], [t.clone() for t in grads]
+    MF._scale(0, None, [clip_ours, clip_ours], 0.37)
+    local_multi_tensor_scale(0, None, [clip_meg, clip_meg], 0.37)
+    clip_same = all(torch.equal(a, b) for a, b in zip(clip_ours, clip_meg))
+    times = {
+        "norm ours": timed(lambda: float(MF._l2_norm(0, None, [grads], False)[0])),
+        "norm Megatron's": timed(lambda: float(local_multi_tensor_l2_norm(0, None, [grads], False)[0])),
+        "copy ours": timed(lambda: MF._scale(0, None, [main, model_ours], 1.0)),
+        "copy Megatron's": timed(lambda: local_multi_tensor_scale(0, None, [main, model_meg], 1.0)),
+        "clip ours": timed(lambda: MF._scale(0, None, [clip_ours, clip_ours], 0.999)),
+        "clip Megatron's": timed(lambda: local_multi_tensor_scale(0, None, [clip_meg, clip_meg], 0.999)),
+    }
+    good = e_norm < 1e-5 and copy_same and clip_same
+    ok &= good
+    print(f"CHECK foreach optimizer: norm rel err {e_norm:.2e} (Megatron's "
+          f"{abs(float(norm_meg) - float(exact)) / float(exact):.2e}), copy bitwise equal {copy_same}, clip bitwise "
+          f"equal {clip_same} ({'ok' if good else 'MISS'}); "
+          + ", ".join(f"{k} {v:.2f} ms" for k, v in times.items()), flush=True)
+    return ok
+
+
 def main():
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -99,8 +165,10 @@ def main():
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
     ps.initialize_model_parallel(1)
-    ok = check_wgrad(True)
-    ok = check_ce(ok)
+    checks = {"wgrad": check_wgrad, "ce": check_ce, "swiglu": check_swiglu, "foreach": check_foreach_optimizer}
+    ok = True
+    for name in os.environ.get("CHECKS", ",".join(checks)).split(","):
+        ok = checks[name](ok)
     dist.destroy_process_group()
     sys.exit(0 if ok else 1)
 

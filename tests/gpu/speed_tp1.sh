@@ -23,9 +23,14 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.limit --f
 python3 -c 'import torch, megatron.core; print("torch", torch.__version__, "megatron-core", megatron.core.__version__)'
 
 # The shipped 2-GPU spec at tp = 1 on one GPU, without evaluate and export, one checkpoint at the end.
+# With a .corpus/ folder (a copy of the spec's input files, made with `git archive`), the data
+# stage reads that copy: runs of different calls then train on the same tokens while the tree
+# changes (the spec's inputs are the repository's own sources and docs).
 SPEC=specs/.llama-1b-tp1-speed.toml
+corpus=()
+[ -d .corpus ] && corpus=(-e '/^inputs = /s#"\.\./#"../.corpus/#g')
 awk '/^\[stages.evaluate\]/ {exit} {print}' specs/llama-1b-tp2.toml \
-    | sed -e 's/^tp = 2/tp = 1/' -e 's/gpus = 2/gpus = 1/' -e 's/^save_interval = .*/save_interval = 200/' > "$SPEC"
+    | sed -e 's/^tp = 2/tp = 1/' -e 's/gpus = 2/gpus = 1/' -e 's/^save_interval = .*/save_interval = 200/' "${corpus[@]}" > "$SPEC"
 
 shards() {
     [ -d "$W/hf" ] || "$MFLOW" model init:llama-1b "$W/hf" > /dev/null || exit 1

@@ -1,5 +1,9 @@
-"""The Megatron engine's own cross-entropy (megatron/fusions.py; on CUDA its kernels are compiled, on
-CPU the same functions run eagerly): the loss and logits gradient of torch's cross_entropy."""
+"""The Megatron engine's speed pieces (megatron/fusions.py) on CPU: its own cross-entropy (on CUDA its
+kernels are compiled, on CPU the same functions run eagerly) against torch's cross_entropy; the
+foreach optimizer ops against plain torch and Megatron's fallbacks; the SwiGLU backward kernel
+through Triton's interpreter against Megatron's formula."""
+
+import os
 
 import pytest
 import torch
@@ -72,3 +76,74 @@ def test_cross_entropy_over_vocab_shards_matches_the_whole():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     mp.spawn(_tp_worker, args=(2, port), nprocs=2, join=True)
+
+
+def _grads():
+    torch.manual_seed(3)
+    return [torch.randn(s) * 1e-2 for s in ((50, 16), (16,), (48, 16), (16, 64), (1,))]
+
+
+def test_foreach_norm_is_the_norm_of_all():
+    grads = _grads()
+    norm, per_tensor = MF._l2_norm(2048 * 32, None, [grads], False)
+    exact = torch.cat([t.double().flatten() for t in grads]).norm()
+    assert norm.shape == (1,) and norm.dtype == torch.float32 and per_tensor is None
+    assert abs(float(norm) - float(exact)) <= 1e-6 * float(exact)
+
+
+def test_foreach_scale_is_megatrons_elementwise():
+    main = _grads()
+    model = [torch.empty(t.shape, dtype=torch.bfloat16) for t in main]
+    MF._scale(0, None, [main, model], 1.0)  # main -> model weights: a rounding copy
+    assert all(torch.equal(m, t.to(torch.bfloat16)) for m, t in zip(model, main, strict=True))
+    clipped = [t.clone() for t in main]
+    MF._scale(0, None, [clipped, clipped], 0.37)  # clipping in place
+    assert all(torch.equal(c, t * 0.37) for c, t in zip(clipped, main, strict=True))
+    out = [torch.empty_like(t) for t in main]
+    MF._scale(0, None, [main, out], 2.5)
+    assert all(torch.equal(o, t * 2.5) for o, t in zip(out, main, strict=True))
+
+
+def test_foreach_optimizer_patches_and_restores_megatron():
+    clip_grads = pytest.importorskip("megatron.core.optimizer.clip_grads")
+    from megatron.core.optimizer import optimizer
+
+    before = clip_grads.l2_norm_impl, clip_grads.multi_tensor_scale_impl, optimizer.multi_tensor_scale_impl
+    try:
+        MF.enable_foreach_optimizer(True)
+        assert clip_grads.l2_norm_impl is MF._l2_norm
+        assert clip_grads.multi_tensor_scale_impl is MF._scale and optimizer.multi_tensor_scale_impl is MF._scale
+        MF.enable_foreach_optimizer(True)  # twice: the originals are still Megatron's
+    finally:
+        MF.enable_foreach_optimizer(False)
+    assert (clip_grads.l2_norm_impl, clip_grads.multi_tensor_scale_impl, optimizer.multi_tensor_scale_impl) == before
+
+
+_SWIGLU_SCRIPT = """
+import torch
+from mflow_workloads.megatron import fusions as MF
+torch.manual_seed(4)
+rows, n = 6, 1500  # n not a multiple of the block: the masked tail
+for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+    x = (torch.randn(rows, 2 * n) * 3).to(dtype)
+    g = torch.randn(rows, n).to(dtype)
+    got = MF.swiglu_backward(g, x)
+    a, b = x.float().chunk(2, -1)
+    gf, s = g.float(), torch.sigmoid(a)
+    want = torch.cat((gf * s * (1 + a * (1 - s)) * b, gf * (a * s)), -1)
+    assert got.shape == x.shape and got.dtype == dtype
+    # The interpreter rounds to bf16 by truncation (the GPU to nearest): one bf16 step apart at most.
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+print("ok")
+"""
+
+
+def test_swiglu_backward_kernel_in_triton_interpreter():
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", _SWIGLU_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-1] == "ok"

@@ -101,6 +101,19 @@ def test_dp_ranks_read_the_reference_slices(dp):
     assert sorted(union) == list(range(start * gbs, (start + iters) * gbs))
 
 
+def test_prefetch_reads_ahead_in_order():
+    gbs, mbs = 8, 2
+    ds = _Samples()
+    it = MB.Prefetch(MB.batches(ds, 1, 0, gbs, mbs, 0, device="cpu"), device="cpu")
+    first = [next(it)["tokens"][:, 0].tolist() for _ in range(4)]  # iteration 0
+    assert first == [[0, 1], [2, 3], [4, 5], [6, 7]] and len(ds.read) == 8
+    it.ahead(4)  # iteration 1 is read now, before the step that uses it
+    assert ds.read == list(range(16))
+    it.ahead(2)  # already that far ahead: nothing more read
+    assert len(ds.read) == 16
+    assert [next(it)["tokens"][:, 0].tolist() for _ in range(5)] == [[8, 9], [10, 11], [12, 13], [14, 15], [16, 17]]
+
+
 def test_each_stage_reads_only_what_it_uses():
     gbs, mbs, pp = 8, 2, 3
     seen = {}

@@ -5,6 +5,7 @@ contiguous slice d of every global batch), and the forward step with its loss.
 
 from __future__ import annotations
 
+import collections
 import os
 
 import torch
@@ -63,6 +64,26 @@ def batches(
             items = [ds[first + i] for i in range(mbs)] if keys else []
             yield {k: torch.stack([x[k] for x in items]).to(device, non_blocking=True) for k in keys}
         it += 1
+
+
+class Prefetch:
+    """Micro-batches read on the host ahead of their step (`ahead`), moved to the device when
+    used: the engine reads the next step's while the GPU still runs the queued kernels of this
+    one, so that the next step's first kernels do not wait for the dataset."""
+
+    def __init__(self, it, device="cuda"):
+        self.it, self.device, self.ready = it, device, collections.deque()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        b = self.ready.popleft() if self.ready else next(self.it)
+        return {k: v.to(self.device, non_blocking=True) for k, v in b.items()}
+
+    def ahead(self, n: int) -> None:
+        while len(self.ready) < n:
+            self.ready.append(next(self.it))
 
 
 def forward_step(data_iterator, model):

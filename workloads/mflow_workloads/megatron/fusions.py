@@ -7,6 +7,12 @@
 - `enable_wgrad_fusion`: Megatron's gradient-accumulation fusion (the weight-gradient GEMM adds
   straight into the fp32 main_grad) through torch's addmm with an fp32 output, in place of apex's
   fused_weight_gradient_mlp_cuda.
+- `enable_foreach_optimizer`: apex's multi-tensor ops for Megatron's optimizer on torch's foreach
+  kernels. Megatron's own fallback reads every gradient's norm back to the host one by one (a
+  wait on the GPU per parameter) and scales or copies each tensor with two kernels and an fp32
+  temporary; these read the total norm once and scale or copy all tensors in a few kernels.
+- `enable_swiglu_backward`: SwiGLU's backward as one Triton kernel that reads the input and the
+  output gradient once and writes both halves of the input gradient; the forward stays Megatron's.
 """
 
 from __future__ import annotations
@@ -105,3 +111,113 @@ def enable_wgrad_fusion() -> None:
 
     layers.fused_weight_gradient_mlp_cuda = _WgradAccumulate
     layers._grad_accum_fusion_available = True
+
+
+def _l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    # The total norm of the tensors of tensor_lists[0], as a one-element fp32 tensor on their device.
+    norms = torch._foreach_norm(tensor_lists[0])
+    return torch.linalg.vector_norm(torch.stack(norms)).reshape(1).float(), None
+
+
+def _scale(chunk_size, noop_flag, tensor_lists, scale: float):
+    # dst = src * scale for every pair; a scale of 1.0 is Megatron's main -> model weight copy.
+    src, dst = tensor_lists
+    if scale == 1.0:
+        torch._foreach_copy_(dst, src)
+    elif all(s is d for s, d in zip(src, dst, strict=True)):
+        torch._foreach_mul_(dst, scale)
+    else:
+        torch._foreach_copy_(dst, torch._foreach_mul(src, scale))
+
+
+_originals = {}
+
+
+def _patch(module, name: str, value, on: bool) -> None:
+    # Sets module.name to value, or back to what it was before mflow patched it.
+    key = (module.__name__, name)
+    _originals.setdefault(key, getattr(module, name))
+    setattr(module, name, value if on else _originals[key])
+
+
+def enable_foreach_optimizer(on: bool = True) -> None:
+    """Gives Megatron's clipping and optimizer the ops above in place of its local fallbacks (or
+    back, with on=False). The total norm is still read once (Megatron clips only when it is
+    above the limit), not once per parameter."""
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    _patch(clip_grads, "l2_norm_impl", _l2_norm, on)
+    _patch(clip_grads, "multi_tensor_scale_impl", _scale, on)
+    _patch(optimizer, "multi_tensor_scale_impl", _scale, on)
+
+
+def _swiglu_backward_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(g_ptr, x_ptr, dx_ptr, n_cols, BLOCK: tl.constexpr):
+        # One block of one row: x = [a | b] (2 * n_cols), g and the output of forward n_cols wide.
+        row = tl.program_id(0).to(tl.int64)
+        col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = col < n_cols
+        x_row = x_ptr + row * 2 * n_cols + col
+        a = tl.load(x_row, mask=mask).to(tl.float32)
+        b = tl.load(x_row + n_cols, mask=mask).to(tl.float32)
+        g = tl.load(g_ptr + row * n_cols + col, mask=mask).to(tl.float32)
+        s = tl.sigmoid(a)
+        # Megatron's swiglu_back, term for term: d/da silu(a) * b and silu(a).
+        da = g * s * (1 + a * (1 - s)) * b
+        db = g * (a * s)
+        dx_row = dx_ptr + row * 2 * n_cols + col
+        tl.store(dx_row, da.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_row + n_cols, db.to(dx_ptr.dtype.element_ty), mask=mask)
+
+    return kernel
+
+
+_SWIGLU_BLOCK = 1024
+
+
+def swiglu_backward(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The gradient of SwiGLU's input x = [a | b] (rows of 2n) for the output gradient g (rows of n)."""
+    g, x = g.contiguous(), x.contiguous()
+    n = g.size(-1)
+    dx = torch.empty_like(x)
+    rows = x.numel() // (2 * n)
+    if "swiglu_backward" not in _compiled:
+        _compiled["swiglu_backward"] = _swiglu_backward_kernel()
+    grid = (rows, (n + _SWIGLU_BLOCK - 1) // _SWIGLU_BLOCK)
+    _compiled["swiglu_backward"][grid](g, x, dx, n, BLOCK=_SWIGLU_BLOCK, num_warps=4)
+    return dx
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        from megatron.core.fusions.fused_bias_swiglu import swiglu
+
+        ctx.save_for_backward(x)
+        return swiglu(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return swiglu_backward(g, x)
+
+
+def enable_swiglu_backward(on: bool = True) -> None:
+    """Makes Megatron's MLP (bias_activation_fusion, no bias, no fp8 input store) use _SwiGLU on
+    CUDA, everything else keeping Megatron's own (or back, with on=False)."""
+    from megatron.core.fusions import fused_bias_swiglu
+    from megatron.core.transformer import mlp
+
+    megatrons = fused_bias_swiglu.bias_swiglu_impl
+
+    def bias_swiglu_impl(x, bias, fp8_input_store=False, cpu_offload_input=False):
+        if bias is not None or fp8_input_store or cpu_offload_input or not x.is_cuda:
+            return megatrons(x, bias, fp8_input_store, cpu_offload_input)
+        shape = x.shape
+        return _SwiGLU.apply(x.view(-1, shape[-1])).view(*shape[:-1], -1)
+
+    _patch(mlp, "bias_swiglu_impl", bias_swiglu_impl, on)

@@ -31,6 +31,8 @@ KNOWN_KNOBS = frozenset(DEFAULT_KNOBS.split(",")) | {
     "seq_parallel",
     "wgrad_fusion",
     "bf16_grads",
+    "foreach_optim",
+    "swiglu_backward",
 }
 
 
@@ -65,16 +67,23 @@ def _enable_fused_adamw() -> None:
     torch.optim.AdamW = FusedAdamW
 
 
+def set_process_knobs(knobs: set) -> None:
+    """The knobs that patch torch or Megatron for the whole process; call before the model is built."""
+    if "fused_adam" in knobs:
+        _enable_fused_adamw()
+    if "wgrad_fusion" in knobs:
+        MF.enable_wgrad_fusion()
+    MF.enable_foreach_optimizer("foreach_optim" in knobs)
+    MF.enable_swiglu_backward("swiglu_backward" in knobs)
+
+
 def _build(cfg: TrainConfig, spec: S.ModelSpec, manifest: dict, knobs: set, tp_rank: int, pp_rank: int):
     """This rank's model with its shard loaded, wrapped in Megatron's DDP, and its optimizer."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    if "fused_adam" in knobs:
-        _enable_fused_adamw()
-    if "wgrad_fusion" in knobs:
-        MF.enable_wgrad_fusion()
+    set_process_knobs(knobs)
     config = MM.transformer_config(spec, cfg.tp, cfg.pp, cfg.precision, knobs)
     model = MM.build_model(spec, config, cfg.tp, cfg.seq_length, cfg.attention, knobs)
     MM.check_model_stage(model, manifest, pp_rank)
@@ -140,8 +149,18 @@ class MegatronEngine:
 
     def _batches(self, ds, iteration: int):
         cfg = self.cfg
-        return MB.batches(
-            ds, cfg.dp, self.dp_rank, cfg.global_batch_size, cfg.micro_batch_size, iteration, self.pp_rank, cfg.pp
+        return MB.Prefetch(
+            MB.batches(
+                ds,
+                cfg.dp,
+                self.dp_rank,
+                cfg.global_batch_size,
+                cfg.micro_batch_size,
+                iteration,
+                self.pp_rank,
+                cfg.pp,
+                device="cpu",
+            )
         )
 
     def _run_schedule(self, data_iterator, forward_only: bool) -> list:
@@ -157,16 +176,16 @@ class MegatronEngine:
             forward_only=forward_only,
         )
 
-    def _reduce_loss(self, losses: list) -> float:
+    def _reduce_loss(self, losses: list) -> torch.Tensor:
         # The loss exists on the last stage only, identical over its tp ranks: the world sum of the
-        # last stage's values over tp*dp is the mean over the dp replicas, on every rank.
-        v = torch.tensor(
-            sum(float(x["lm loss"]) for x in losses) / max(len(losses), 1) if self.last_stage and losses else 0.0,
-            device="cuda",
-            dtype=torch.float64,
-        )
+        # last stage's values over tp*dp is the mean over the dp replicas, on every rank. It stays
+        # on the GPU (float64, as a sum of Python floats would be) until the caller reads it.
+        if self.last_stage and losses:
+            v = torch.stack([x["lm loss"].double() for x in losses]).sum() / len(losses)
+        else:
+            v = torch.zeros((), device="cuda", dtype=torch.float64)
         dist.all_reduce(v)
-        return float(v) / (self.cfg.tp * self.cfg.dp)
+        return v / (self.cfg.tp * self.cfg.dp)
 
     def step(self, iteration: int, lr: float) -> tuple[float, float]:
         if self.data_iter is None:  # this attempt's first step: the data from where it resumed
@@ -176,10 +195,12 @@ class MegatronEngine:
         self.ddp.zero_grad_buffer()
         self.opt.zero_grad()
         losses = self._run_schedule(self.data_iter, forward_only=False)
+        if iteration + 1 < self.cfg.iterations:  # the next step's data, while the GPU runs this one's
+            self.data_iter.ahead(self.cfg.num_microbatches)
         _, grad_norm, _ = self.opt.step()
         loss = self._reduce_loss(losses)
         torch.cuda.synchronize()
-        return loss, float(grad_norm or 0.0)
+        return float(loss), float(grad_norm or 0.0)
 
     def validation_loss(self) -> float:
         self.ddp.eval()
@@ -187,7 +208,7 @@ class MegatronEngine:
         vals = []
         with torch.no_grad():
             for _ in range(self.cfg.eval_iters):
-                vals.append(self._reduce_loss(self._run_schedule(it, forward_only=True)))
+                vals.append(float(self._reduce_loss(self._run_schedule(it, forward_only=True))))
         self.ddp.train()
         return sum(vals) / len(vals)
 
