@@ -9,6 +9,7 @@
 //! both are checked against the crate's pre-tokenizer on a probe text, and not used if they
 //! differ.
 
+mod ascii;
 mod classes;
 mod scan;
 mod unicode;

@@ -5,6 +5,7 @@
 //! ASCII is classified by a 128-entry table, other characters by [`Classes`]; nothing is
 //! allocated. A [`Scanner`] is used only for a pattern it recognizes word for word.
 
+use super::ascii;
 use super::classes::{decode, folds_to, Classes, LETTER, NUMBER, OTHER, SPACE};
 
 /// GPT-2's pattern, the one the `ByteLevel` pre-tokenizer uses with `use_regex`.
@@ -38,11 +39,14 @@ impl Scheme {
 pub(crate) struct Scanner {
     scheme: Scheme,
     classes: &'static Classes,
+    /// Whether GPT-2's words in ASCII text are found by bit masks ([`ascii`]).
+    ascii_blocks: bool,
 }
 
 impl Scanner {
     pub(crate) fn new(scheme: Scheme) -> Scanner {
-        Scanner { scheme, classes: Classes::get() }
+        let classes = Classes::get();
+        Scanner { scheme, classes, ascii_blocks: scheme == Scheme::Gpt2 && ascii::classes_agree(classes) }
     }
 
     pub(crate) fn scheme(&self) -> Scheme {
@@ -64,6 +68,13 @@ impl Scanner {
         match self.scheme {
             Scheme::Gpt2 => {
                 while i < to {
+                    if self.ascii_blocks {
+                        let from = i;
+                        i = ascii_words(t, i, to, &mut word)?;
+                        if i > from {
+                            continue;
+                        }
+                    }
                     let end = self.gpt2(t, i);
                     word(i, end)?;
                     i = end;
@@ -240,6 +251,34 @@ impl Scanner {
     }
 }
 
+/// Calls `word` on the words from `i` (a word start) that [`ascii::gpt2_starts`] is sure of, up
+/// to `to`; returns where it stopped (`i` when it found none).
+#[inline(always)]
+fn ascii_words<E>(
+    t: &[u8],
+    mut i: usize,
+    to: usize,
+    word: &mut impl FnMut(usize, usize) -> Result<(), E>,
+) -> Result<usize, E> {
+    let Some(block) = ascii::gpt2_starts(t, i) else { return Ok(i) };
+    let base = i;
+    let mut later = block.starts & !1;
+    while later != 0 && i < to {
+        let next = base + later.trailing_zeros() as usize;
+        if next - base >= block.sure {
+            return Ok(i);
+        }
+        word(i, next)?;
+        i = next;
+        later &= later - 1;
+    }
+    if block.ends_text && i < to {
+        word(i, t.len())?;
+        i = t.len();
+    }
+    Ok(i)
+}
+
 /// A run of white space: where it ends, where its last character starts, its last CR or LF.
 struct SpaceRun {
     end: usize,
@@ -326,6 +365,51 @@ mod tests {
             "'\u{17f}t",
         ] {
             same(text);
+        }
+    }
+
+    /// Random texts, mostly ASCII, of every length up to a few blocks: the bit-mask path cuts them
+    /// as the scanner's one step per word does, and as the regex engine does.
+    #[test]
+    fn ascii_blocks_cut_as_word_by_word() {
+        let fast = Scanner::new(Scheme::Gpt2);
+        assert!(fast.ascii_blocks);
+        let slow = Scanner { ascii_blocks: false, ..Scanner::new(Scheme::Gpt2) };
+        let cut = |scanner: &Scanner, text: &str| {
+            let mut out = Vec::new();
+            let _ = scanner.for_each(text, 0, text.len(), |s, e| -> Result<(), ()> {
+                out.push(text[s..e].to_string());
+                Ok(())
+            });
+            out
+        };
+        let pieces = [
+            "a", "Z", "q", "0", "7", " ", " ", "  ", "\n", "\t", "\r\n", "\x0b", "\x0c", "'", "'", "s", "t", "re",
+            "ve", "ll", "m", "d", "e", "l", ".", "-", "_", "é", "\u{a0}", "\u{3000}", "\u{85}", "'s", "'ll", "'re",
+            "'S", "\0", "\x1c", "\x7f", "@", "[", "`", "{", "/", ":", "9", "A",
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut below = |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        for round in 0..200_000 {
+            let ascii_only = round % 2 == 0;
+            let len = 1 + below(if round % 10 == 0 { 200 } else { 70 });
+            let mut text = String::new();
+            while text.len() < len {
+                let piece = pieces[below(pieces.len())];
+                if !ascii_only || piece.is_ascii() {
+                    text.push_str(piece);
+                }
+            }
+            let got = cut(&fast, &text);
+            assert_eq!(got, cut(&slow, &text), "{text:?}");
+            if round % 50 == 0 {
+                assert_eq!(got, by_regex(GPT2, &text), "{text:?}");
+            }
         }
     }
 
