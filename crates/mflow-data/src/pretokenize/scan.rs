@@ -3,7 +3,8 @@
 //! alternatives in order, with the backtracking the engine would do spelled out.
 //!
 //! ASCII is classified by a 128-entry table, other characters by [`Classes`]; nothing is
-//! allocated. A [`Scanner`] is used only for a pattern it recognizes word for word.
+//! allocated. A [`Scanner`] is used only for a pattern it recognizes word for word. GPT-2's words
+//! in ASCII text are found 64 bytes at a time ([`ascii`]); these steps do the rest.
 
 use super::ascii;
 use super::classes::{decode, folds_to, Classes, LETTER, NUMBER, OTHER, SPACE};
