@@ -23,7 +23,7 @@ from . import batches as MB, checkpoint as MC, fusions as MF, model as MM
 
 # Speed knobs, each measured in docs/benchmarks.md (## Training): MFLOW_MEGATRON_KNOBS,
 # comma-separated, "none" for none, "default" for these.
-DEFAULT_KNOBS = "ce_compiled,swiglu_fusion,fused_adam,compile_rope,cudnn_attn"
+DEFAULT_KNOBS = "ce_compiled,swiglu_fusion,swiglu_backward,fused_adam,foreach_optim,compile_rope,cudnn_attn"
 KNOWN_KNOBS = frozenset(DEFAULT_KNOBS.split(",")) | {
     "ce_fusion",
     "compile_norm",
