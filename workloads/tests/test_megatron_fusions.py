@@ -147,3 +147,35 @@ def test_swiglu_backward_kernel_in_triton_interpreter():
     r = subprocess.run([sys.executable, "-c", _SWIGLU_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split()[-1] == "ok"
+
+
+def test_process_knobs_are_undone():
+    layers = pytest.importorskip("megatron.core.tensor_parallel.layers")
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.transformer import mlp
+
+    from mflow_workloads.megatron import model as MM, trainer as MT
+
+    def state():
+        return (
+            torch.optim.AdamW,
+            getattr(layers, "fused_weight_gradient_mlp_cuda", None),
+            layers._grad_accum_fusion_available,
+            mlp.bias_swiglu_impl,
+            rope_utils._apply_rotary_pos_emb_bshd,
+        )
+
+    before = state()
+    try:
+        MT.set_process_knobs({"fused_adam", "wgrad_fusion", "foreach_optim", "swiglu_backward"})
+        MM._compile_rope(True)
+        on = state()
+        assert on[0] is not before[0] and on[0](torch.nn.Linear(2, 2).parameters()).defaults["fused"]
+        assert on[1] is MF._WgradAccumulate and on[2] is True
+        assert on[3] is not before[3] and on[4] is not before[4]
+        MM._compile_rope(True)  # twice: compiled once, from Megatron's
+        assert rope_utils._apply_rotary_pos_emb_bshd is on[4]
+    finally:
+        MT.set_process_knobs(set())
+        MM._compile_rope(False)
+    assert state() == before

@@ -4,6 +4,8 @@
   the target's logit; the gradient), reading the bf16 logits and keeping only them for backward.
   Megatron's native fused version makes an fp32 copy of the logits, rewrites it in place four
   times and keeps it (twice the bytes) until backward.
+- `enable_fused_adamw`: torch's AdamW with its fused CUDA kernel, where Megatron would take the
+  foreach one.
 - `enable_wgrad_fusion`: Megatron's gradient-accumulation fusion (the weight-gradient GEMM adds
   straight into the fp32 main_grad) through torch's addmm with an fp32 output, in place of apex's
   fused_weight_gradient_mlp_cuda.
@@ -16,6 +18,8 @@
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
@@ -92,6 +96,32 @@ def use_compiled_cross_entropy(model, group) -> None:
     model.compute_language_model_loss = loss
 
 
+_MISSING = object()
+_originals = {}
+
+
+def _original(module, name: str):
+    # module.name as it was before mflow first patched it (_MISSING if it was absent).
+    return _originals.setdefault((module.__name__, name), getattr(module, name, _MISSING))
+
+
+def _patch(module, name: str, value, on: bool) -> None:
+    # Sets module.name to value, or back to what it was before mflow first patched it (absent
+    # again if it was absent): knobs set per process can be turned off again, as the bench does.
+    original = _original(module, name)
+    if on:
+        setattr(module, name, value)
+    elif original is not _MISSING:
+        setattr(module, name, original)
+    elif hasattr(module, name):
+        delattr(module, name)
+
+
+def patch_compiled(module, name: str, on: bool) -> None:
+    """module.name through torch.compile (compiled once, from the original), or the original."""
+    _patch(module, name, _kernel(_original(module, name), True) if on else None, on)
+
+
 class _WgradAccumulate:
     """What Megatron calls in apex's fused_weight_gradient_mlp_cuda: main_grad += dY^T X."""
 
@@ -104,13 +134,26 @@ class _WgradAccumulate:
         main_grad.addmm_(grad_output.t(), total_input)
 
 
-def enable_wgrad_fusion() -> None:
-    """Lets TransformerConfig(gradient_accumulation_fusion=True) build without apex; call it
-    before the model is built."""
+def enable_wgrad_fusion(on: bool = True) -> None:
+    """Lets TransformerConfig(gradient_accumulation_fusion=True) build without apex (or not, with
+    on=False); call it before the model is built."""
     from megatron.core.tensor_parallel import layers
 
-    layers.fused_weight_gradient_mlp_cuda = _WgradAccumulate
-    layers._grad_accum_fusion_available = True
+    _patch(layers, "fused_weight_gradient_mlp_cuda", _WgradAccumulate, on)
+    _patch(layers, "_grad_accum_fusion_available", True, on)
+
+
+class _FusedAdamW(torch.optim.AdamW):
+    # Made when this module is imported, before any patch: a subclass of torch's own AdamW.
+    def __init__(self, params, **kw):
+        kw.setdefault("fused", True)
+        super().__init__(params, **kw)
+
+
+def enable_fused_adamw(on: bool = True) -> None:
+    """Without TE/apex Megatron builds torch.optim.AdamW (foreach), looked up when the optimizer
+    is made; this puts the fused kernel in its place (or back, with on=False)."""
+    _patch(torch.optim, "AdamW", _FusedAdamW, on)
 
 
 def _l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
@@ -130,16 +173,6 @@ def _scale(chunk_size, noop_flag, tensor_lists, scale: float):
         torch._foreach_copy_(dst, torch._foreach_mul(src, scale))
 
 
-_originals = {}
-
-
-def _patch(module, name: str, value, on: bool) -> None:
-    # Sets module.name to value, or back to what it was before mflow patched it.
-    key = (module.__name__, name)
-    _originals.setdefault(key, getattr(module, name))
-    setattr(module, name, value if on else _originals[key])
-
-
 def enable_foreach_optimizer(on: bool = True) -> None:
     """Gives Megatron's clipping and optimizer the ops above in place of its local fallbacks (or
     back, with on=False). The total norm is still read once (Megatron clips only when it is
@@ -151,6 +184,7 @@ def enable_foreach_optimizer(on: bool = True) -> None:
     _patch(optimizer, "multi_tensor_scale_impl", _scale, on)
 
 
+@functools.cache
 def _swiglu_backward_kernel():
     import triton
     import triton.language as tl
@@ -185,10 +219,8 @@ def swiglu_backward(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     n = g.size(-1)
     dx = torch.empty_like(x)
     rows = x.numel() // (2 * n)
-    if "swiglu_backward" not in _compiled:
-        _compiled["swiglu_backward"] = _swiglu_backward_kernel()
     grid = (rows, (n + _SWIGLU_BLOCK - 1) // _SWIGLU_BLOCK)
-    _compiled["swiglu_backward"][grid](g, x, dx, n, BLOCK=_SWIGLU_BLOCK, num_warps=4)
+    _swiglu_backward_kernel()[grid](g, x, dx, n, BLOCK=_SWIGLU_BLOCK, num_warps=4)
     return dx
 
 

@@ -81,13 +81,12 @@ def sdpa_core_attention(knobs: set = frozenset()):
     return SDPAAttention
 
 
-def _compile_rope() -> None:
-    # Megatron's unfused RoPE (cos, sin, two cats, mul, add) as one compiled kernel per shape.
+def _compile_rope(on: bool) -> None:
+    # Megatron's unfused RoPE (cos, sin, two cats, mul, add) as one compiled kernel per shape, or
+    # Megatron's own again.
     from megatron.core.models.common.embeddings import rope_utils
 
-    if not getattr(rope_utils, "_mflow_compiled", False):
-        rope_utils._apply_rotary_pos_emb_bshd = torch.compile(rope_utils._apply_rotary_pos_emb_bshd, dynamic=False)
-        rope_utils._mflow_compiled = True
+    MF.patch_compiled(rope_utils, "_apply_rotary_pos_emb_bshd", on)
 
 
 def _norm_class(knobs: set):
@@ -186,8 +185,7 @@ def build_model(
             setattr(layer_spec.submodules, name, norm)
     if attention == "sdpa":
         layer_spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention(knobs)
-    if "compile_rope" in knobs:
-        _compile_rope()
+    _compile_rope("compile_rope" in knobs)
     block_spec = TransformerBlockSubmodules(layer_specs=[layer_spec] * get_num_layers_to_build(config), layer_norm=norm)
     model = GPTModel(
         config=config,

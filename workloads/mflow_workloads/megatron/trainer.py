@@ -55,24 +55,11 @@ def parse_knobs(text: str) -> set[str]:
     return knobs
 
 
-def _enable_fused_adamw() -> None:
-    # Without TE/apex Megatron uses torch.optim.AdamW (foreach); the fused CUDA kernel is a drop-in.
-    base = torch.optim.AdamW
-
-    class FusedAdamW(base):
-        def __init__(self, params, **kw):
-            kw.setdefault("fused", True)
-            super().__init__(params, **kw)
-
-    torch.optim.AdamW = FusedAdamW
-
-
 def set_process_knobs(knobs: set) -> None:
-    """The knobs that patch torch or Megatron for the whole process; call before the model is built."""
-    if "fused_adam" in knobs:
-        _enable_fused_adamw()
-    if "wgrad_fusion" in knobs:
-        MF.enable_wgrad_fusion()
+    """Sets the knobs that patch torch or Megatron for the whole process on or off; call before
+    the model is built."""
+    MF.enable_fused_adamw("fused_adam" in knobs)
+    MF.enable_wgrad_fusion("wgrad_fusion" in knobs)
     MF.enable_foreach_optimizer("foreach_optim" in knobs)
     MF.enable_swiglu_backward("swiglu_backward" in knobs)
 
