@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import WORKLOADS
 from mflow_workloads.megatron import fusions as MF
 
 
@@ -143,7 +144,8 @@ def test_swiglu_backward_kernel_in_triton_interpreter():
     import sys
 
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    path = WORKLOADS + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
     r = subprocess.run([sys.executable, "-c", _SWIGLU_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split()[-1] == "ok"
