@@ -25,7 +25,13 @@ enum Installer {
 pub fn provision() -> Result<PathBuf, EnvError> {
     let dir = home().join("python").join(&lock_digest()[..16]);
     let python = dir.join("bin").join("python");
-    if dir.join(".complete").exists() {
+    let done = dir.join(".complete");
+    if let Ok(marker) = std::fs::read_to_string(&done) {
+        // Made by an mflow that did not compile its bytecode: compiled once now, where the
+        // environment can be written (two processes doing it at once only repeat the work).
+        if marker != complete_marker() && write_marker(&done).is_ok() {
+            compile_bytecode(&python, &dir);
+        }
         return Ok(python);
     }
     let parent = dir.parent().expect("a directory under home");
@@ -34,7 +40,7 @@ pub fn provision() -> Result<PathBuf, EnvError> {
     let lock_path = dir.with_extension("lock");
     let lock = std::fs::File::create(&lock_path).map_err(|source| EnvError::Io { path: lock_path.clone(), source })?;
     lock.lock().map_err(|source| EnvError::Io { path: lock_path.clone(), source })?;
-    if dir.join(".complete").exists() {
+    if done.exists() {
         return Ok(python);
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -71,17 +77,46 @@ pub fn provision() -> Result<PathBuf, EnvError> {
             step(
                 "pip install",
                 Command::new(&python)
-                    .args(["-m", "pip", "install", "--require-hashes"])
+                    .args(["-m", "pip", "install", "--require-hashes", "--no-compile"])
                     .args(PIP_QUIET)
                     .arg("-r")
                     .arg(&req),
             )?;
         }
     }
-    let done = dir.join(".complete");
-    std::fs::write(&done, lock_digest()).map_err(|source| EnvError::Io { path: done, source })?;
+    compile_bytecode(&python, &dir);
+    write_marker(&done)?;
     crate::errln!("mflow: the Python environment is ready ({name}, {:.0}s)", started.elapsed().as_secs_f64());
     Ok(python)
+}
+
+/// What `.complete` holds once an environment is ready: the lock it holds, and that its bytecode
+/// is compiled (an environment with the lock alone was made before mflow compiled it).
+fn complete_marker() -> String {
+    format!("{}\nbytecode\n", lock_digest())
+}
+
+fn write_marker(done: &Path) -> Result<(), EnvError> {
+    std::fs::write(done, complete_marker()).map_err(|source| EnvError::Io { path: done.to_path_buf(), source })
+}
+
+/// Compiles the environment's modules to bytecode once, so that no stage's process compiles
+/// torch's and transformers' modules as it imports them: where Python does not write bytecode
+/// back (`PYTHONDONTWRITEBYTECODE`, an environment it cannot write) that doubled each import,
+/// 1.7 against 3.8 s for `import torch` (docs/benchmarks.md). Best effort: a file that does not
+/// compile (some packages ship test data that is not Python 3) keeps its source only, and a
+/// failure here costs speed, not correctness.
+fn compile_bytecode(python: &Path, dir: &Path) {
+    let status = Command::new(python)
+        .args(["-m", "compileall", "-qq", "-j", "0"])
+        .arg(dir.join("lib"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !status.as_ref().is_ok_and(|s| s.success()) {
+        tracing::debug!(?status, "compileall of {} did not compile every file", dir.display());
+    }
 }
 
 /// pip without its prompts, its self-update check and its progress bars (a log is not a terminal).
