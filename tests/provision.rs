@@ -72,10 +72,9 @@ fn environment_of_an_earlier_mflow(home: &std::path::Path) -> std::path::PathBuf
     let lib = dir.join("lib").join("pkg");
     std::fs::create_dir_all(&lib).unwrap();
     std::fs::create_dir_all(dir.join("bin")).unwrap();
-    let python3 = std::env::split_paths(&std::env::var_os("PATH").unwrap())
-        .map(|d| d.join("python3"))
-        .find(|p| p.is_file())
-        .expect("python3 on PATH");
+    // The interpreter itself, not a launcher on PATH that goes by its own name (pyenv's shims).
+    let python3 = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().unwrap();
+    let python3 = String::from_utf8(python3.stdout).unwrap().trim().to_string();
     std::os::unix::fs::symlink(python3, dir.join("bin").join("python")).unwrap();
     std::fs::write(lib.join("module.py"), "VALUE = 1\n").unwrap();
     std::fs::write(lib.join("not_python3.py"), "print 'py2'\n").unwrap();
