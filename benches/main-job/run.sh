@@ -5,7 +5,7 @@
 #   benches/main-job/run.sh WORKDIR [ROUNDS]
 #
 # MFLOW (default: mflow on PATH) runs specs/gpt-tp2.toml; MFLOW_PYTHON (default: the Python
-# environment mflow provisions, as `mflow doctor` names it) runs floor.py.
+# environment mflow provisions, as `mflow env` prints it) runs floor.py.
 set -euo pipefail
 work=${1:?usage: benches/main-job/run.sh WORKDIR [ROUNDS]}
 rounds=${2:-1}
@@ -18,18 +18,9 @@ for round in $(seq "$rounds"); do
     rm -rf "$dir"
     /usr/bin/time -f "round $round: wall %e s, CPU %U + %S s" \
         "$mflow" run "$repo/specs/gpt-tp2.toml" --set "pipeline.workdir=\"$dir\"" --quiet
-    python3 - "$dir" <<'EOF'
-import glob, json, sys
-run = json.load(open(sorted(glob.glob(f"{sys.argv[1]}/runs/*/run.json"))[-1]))
-print("  " + ", ".join(f"{name} {run['stages'][name]['duration_s']:.1f} s" for name in run["order"]))
-EOF
+    "$mflow" status --workdir "$dir"
 done
 
-python=${MFLOW_PYTHON:-$("$mflow" doctor | sed -n 's/^python: //p')}
-shards=$(python3 - "$work/round-1" <<'EOF'
-import glob, json, sys
-run = json.load(open(sorted(glob.glob(f"{sys.argv[1]}/runs/*/run.json"))[-1]))
-print(run["stages"]["convert"]["output"])
-EOF
-)
+python=${MFLOW_PYTHON:-$("$mflow" env)}
+shards=$("$mflow" output "$repo/specs/gpt-tp2.toml" convert --set "pipeline.workdir=\"$work/round-1\"")
 "$python" "$here/floor.py" "$shards"
