@@ -57,18 +57,15 @@ start_dns() {
 
 ctr2() { ctr --address "$CTRD2_SOCK" --namespace k8s.io "$@"; }
 
-# The second node has the images of the first (imported there, never pulled): from the
-# archive images.sh built an image from (its key is the image's label mflow.dev/e2e-key),
-# else exported from the first node's containerd.
+# The second node has the images of the first (imported there, never pulled): streamed from
+# buildah's storage when images.sh built them (their key is the label mflow.dev/e2e-key), else
+# exported from the first node's containerd.
 copy_images() {
-  local ref key archive rest=() t=$SECONDS
+  local ref key rest=() t=$SECONDS
   while read -r ref key; do
-    archive=""
-    [ -z "$key" ] || archive=$(compgen -G "$CACHE_DIR/images/*-$key.tar" | head -n 1)
-    if [ -n "$archive" ]; then
-      ctr2 images import --base-name "${ref%:*}" "$archive" >>"$LOGS/containerd2-images.log" 2>&1 ||
-        fail containerd2-images "importing $archive into the second node's containerd failed"
-      drop_layer_blobs "$CTRD2_SOCK" "$ref"
+    if [ -n "$key" ] && is_built "$ref" "$key"; then
+      import_built "$CTRD2_SOCK" "$ref" "$key" 2>>"$LOGS/containerd2-images.log" ||
+        fail containerd2-images "importing $ref into the second node's containerd failed"
     else
       rest+=("$ref")
     fi

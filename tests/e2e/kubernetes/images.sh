@@ -16,12 +16,13 @@
 #   eval "$(tests/e2e/kubernetes/images.sh)"; echo "$MFLOW_E2E_TRAIN_IMAGE"
 #
 # Caches, under $MFLOW_E2E_CACHE/images/: buildah's storage (base image and layers: a changed
-# binary rebuilds only the last layer), and one archive per image keyed by the content of
-# the Dockerfile, the lock, the workloads, the binary and the base; an unchanged image is
-# neither rebuilt nor imported again: the imported image has the label mflow.dev/e2e-key=KEY,
-# its archive (`docker save` format) is images/<name>-KEY.tar. MFLOW_E2E_CONTAINERD_SOCK names
-# another containerd to import into. MFLOW_E2E_BUILDAH_DRIVER picks buildah's storage driver
-# (default overlay; vfs where overlay cannot mount, at the cost of a full copy per layer).
+# binary rebuilds only the last layer), and per image a stamp <name>-KEY.built, KEY a digest of
+# the Dockerfile, the lock, the workloads, the binary and the base, holding the ID of KEY's build.
+# An unchanged image is neither rebuilt nor imported again: the imported image has the label
+# mflow.dev/e2e-key=KEY. Imports stream from buildah's storage (lib.sh's import_built), so no
+# archive of the image is kept on the disk. MFLOW_E2E_CONTAINERD_SOCK names another containerd
+# to import into. MFLOW_E2E_BUILDAH_DRIVER picks buildah's storage driver (default overlay; vfs
+# where overlay cannot mount, at the cost of a full copy per layer).
 set -euo pipefail
 shopt -s inherit_errexit
 
@@ -36,9 +37,7 @@ DEBIAN_SOURCES=(
   "deb http://deb.debian.org/debian bookworm-updates main"
   "deb http://deb.debian.org/debian-security bookworm-security main"
 )
-IMAGES_DIR="$CACHE_DIR/images"
 MFLOW_BIN="${MFLOW_BIN:-$REPO_ROOT/target/debug/mflow}"
-DRIVER="${MFLOW_E2E_BUILDAH_DRIVER:-overlay}"
 # pip in the build trusts what this machine trusts (a proxy's CA, say); the image keeps Debian's.
 CA_BUNDLE="${MFLOW_E2E_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 
@@ -67,7 +66,7 @@ mkdir -p "$IMAGES_DIR"
 exec 9>"$IMAGES_DIR/.lock"
 flock 9
 
-B=(buildah --root "$IMAGES_DIR/buildah" --runroot "${XDG_RUNTIME_DIR:-/run}/mflow-e2e-buildah" --storage-driver "$DRIVER")
+B=(e2e_buildah)
 
 # stamped FILE: copies stdin to FILE, and its Dockerfile steps to stderr with their start time.
 stamped() {
@@ -130,22 +129,22 @@ image_key() {
   } | sha256sum | cut -c1-16
 }
 
-# build TARGET NAME: builds the image if its archive is not cached; prints the archive's path.
+# build TARGET NAME: builds the image unless KEY's build is cached; prints KEY.
 build() {
-  local target=$1 name=$2 key archive stem
+  local target=$1 name=$2 key stamp id
   key=$(image_key "$target")
-  stem="$IMAGES_DIR/$(echo "${name#localhost/}" | tr '/:' '__')"
-  archive="$stem-$key.tar"
-  if [ -f "$archive" ]; then
+  stamp=$(built_stamp "$name" "$key")
+  if is_built "$name" "$key"; then
     log "cached: $name ($target, key $key)"
-    echo "$archive"
+    echo "$key"
     return 0
   fi
-  # An archive of another key is stale: gone before the build, which needs the disk.
-  rm -f "$stem"-*.tar
-  local old ca_args=()
+  # Stamps of other keys are stale, and the archives earlier versions of this script kept
+  # (7 GB for the train image) are not read any more.
+  rm -f "${stamp%-*}"-*.built "${stamp%-*}"-*.tar
+  id=$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$name" 2>/dev/null) || id=""
+  local ca_args=()
   [ -f "$CA_BUNDLE" ] && ca_args=(--secret "id=pip-cert,src=$CA_BUNDLE")
-  old=$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$name" 2>/dev/null || true)
   # RUN steps share the host's network (apt and pip reach their registries); chroot isolation
   # needs no user namespaces or cgroups of its own.
   local blog="$IMAGES_DIR/build-$target.log" t=$SECONDS
@@ -161,38 +160,27 @@ build() {
   local new
   new=$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$name")
   # The previous image of this name shares all but its last layers; its own go.
-  if [ -n "$old" ] && [ "$old" != "$new" ]; then "${B[@]}" rmi "$old" >/dev/null 2>&1 || true; fi
-  # docker-archive (`docker save`'s format, which containerd imports): its layers stay
-  # uncompressed, where buildah 1.28 gzips those of an oci-archive even with
-  # --disable-compression, and gzip of gigabytes of CUDA libraries takes minutes on 2 cores.
-  timed "wrote $(basename "$archive")" "${B[@]}" push --quiet --disable-compression \
-    "$name" "docker-archive:$archive.tmp:$name" >&2
-  mv "$archive.tmp" "$archive"
-  log "$name: archive $(du -h "$archive" | cut -f1), unpacked $("${B[@]}" images --format '{{.Size}}' "$name" | head -n 1)"
-  echo "$archive"
+  if [ -n "$id" ] && [ "$id" != "$new" ]; then "${B[@]}" rmi "$id" >/dev/null 2>&1 || true; fi
+  echo "$new" >"$stamp.tmp"
+  mv "$stamp.tmp" "$stamp"
+  log "$name: $("${B[@]}" images --format '{{.Size}}' "$name" | head -n 1) unpacked"
+  echo "$key"
 }
 
-# import_image NAME ARCHIVE: into the e2e containerd, unless it holds this archive's image.
+# import_image NAME KEY: into the e2e containerd, unless it holds KEY's image.
 import_image() {
-  local name=$1 archive=$2 sock="${MFLOW_E2E_CONTAINERD_SOCK:-$STATE_DIR/containerd/containerd.sock}"
+  local name=$1 key=$2 sock="${MFLOW_E2E_CONTAINERD_SOCK:-$STATE_DIR/containerd/containerd.sock}"
   if [ ! -S "$sock" ]; then
     log "no e2e containerd at $sock (cluster.sh up kubelet); $name not imported"
     return 0
   fi
-  local ctr_=(ctr --address "$sock" --namespace k8s.io) key
-  key=$(basename "$archive" .tar)
-  key=${key##*-}
-  local listed
-  listed=$("${ctr_[@]}" images ls "name==$name")
-  if grep -q "mflow.dev/e2e-key=$key" <<<"$listed"; then
+  if ctr --address "$sock" --namespace k8s.io images ls "name==$name" | grep -q "mflow.dev/e2e-key=$key"; then
     log "cached: $name in the e2e containerd"
     return 0
   fi
-  # --base-name: ctr keeps the archive's own name only when it starts with this.
-  timed "imported $name" "${ctr_[@]}" images import --base-name "${name%:*}" "$archive" >&2
-  "${ctr_[@]}" images label "$name" "mflow.dev/e2e-key=$key" >/dev/null ||
-    die "containerd does not list $name after the import of $archive"
-  drop_layer_blobs "$sock" "$name"
+  local t=$SECONDS
+  import_built "$sock" "$name" "$key" || die "importing $name into the containerd at $sock failed"
+  log "imported $name in $((SECONDS - t))s"
 }
 
 t0=$SECONDS
@@ -203,8 +191,8 @@ for target in "${targets[@]}"; do
     train) name=$TRAIN_IMAGE var=MFLOW_E2E_TRAIN_IMAGE dockerfile_target=cpu-train ;;
     cpu) name=$CPU_IMAGE var=MFLOW_E2E_CPU_IMAGE dockerfile_target=cpu ;;
   esac
-  archive=$(build "$dockerfile_target" "$name")
-  if [ "$import" = 1 ]; then import_image "$name" "$archive"; fi
+  key=$(build "$dockerfile_target" "$name")
+  if [ "$import" = 1 ]; then import_image "$name" "$key"; fi
   echo "$var=$name"
 done
 log "images ready in $((SECONDS - t0))s; buildah storage $(du -sh "$IMAGES_DIR/buildah" 2>/dev/null | cut -f1)"

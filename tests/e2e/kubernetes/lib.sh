@@ -20,6 +20,8 @@ TRAINER_BIN="$CACHE_DIR/trainer/$TRAINER_VERSION/trainer-controller-manager"
 JOBSET_BIN="$CACHE_DIR/jobset/$JOBSET_VERSION/jobset"
 KWOK_BIN="$CACHE_DIR/kwok/$KWOK_VERSION/kwok"
 
+IMAGES_DIR="$CACHE_DIR/images"
+
 log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
@@ -38,4 +40,37 @@ drop_layer_blobs() {
       sha256:*) "${c[@]}" content rm "$digest" >/dev/null 2>&1 || true ;;
     esac
   done
+}
+
+# e2e_buildah ARGS...: buildah on the storage of images.sh.
+e2e_buildah() {
+  buildah --root "$IMAGES_DIR/buildah" --runroot "${XDG_RUNTIME_DIR:-/run}/mflow-e2e-buildah" \
+    --storage-driver "${MFLOW_E2E_BUILDAH_DRIVER:-overlay}" "$@"
+}
+
+# built_stamp NAME KEY: the file by which images.sh records that buildah's NAME is KEY's build.
+built_stamp() { echo "$IMAGES_DIR/$(echo "${1#localhost/}" | tr '/:' '__')-$2.built"; }
+
+# is_built NAME KEY: whether buildah's NAME is KEY's build (the ID in its stamp).
+is_built() {
+  local stamp id
+  stamp=$(built_stamp "$1" "$2")
+  [ -f "$stamp" ] || return 1
+  id=$(e2e_buildah inspect --type image --format '{{.FromImageID}}' "$1" 2>/dev/null) || return 1
+  [ "$(cat "$stamp")" = "$id" ]
+}
+
+# import_built SOCKET NAME KEY: streams the image images.sh built as NAME (KEY) from buildah's
+# storage into the containerd at SOCKET, in `docker save`'s format through a pipe (no archive
+# on the disk: the train image is 7 GB), labels it mflow.dev/e2e-key=KEY and drops its layer
+# blobs. Fails when buildah's NAME is no longer KEY's build.
+import_built() {
+  local sock=$1 name=$2 key=$3 c=(ctr --address "$1" --namespace k8s.io)
+  is_built "$name" "$key" || { log "buildah holds no build of $name with key $key (images.sh builds it)"; return 1; }
+  # Layers uncompressed: gzip of gigabytes of CUDA libraries takes minutes on 2 cores.
+  # --base-name: ctr keeps the archive's own name only when it starts with this.
+  e2e_buildah push --quiet --disable-compression "$name" "docker-archive:/dev/stdout:$name" |
+    "${c[@]}" images import --base-name "${name%:*}" - >&2 || return 1
+  "${c[@]}" images label "$name" "mflow.dev/e2e-key=$key" >/dev/null || return 1
+  drop_layer_blobs "$sock" "$name"
 }

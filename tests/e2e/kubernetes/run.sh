@@ -22,7 +22,8 @@ MFLOW_BIN="$(cd "$(dirname "$MFLOW_BIN")" && pwd)/$(basename "$MFLOW_BIN")"
 MFLOW_E2E_LOCAL_HOME="${MFLOW_E2E_LOCAL_HOME:-${MFLOW_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/mflow}}"
 # The mflow wheel notebook_on_kubelet installs: the newest of target/wheels/ unless given.
 if [ -z "${MFLOW_E2E_WHEEL:-}" ]; then
-  MFLOW_E2E_WHEEL=$(find "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/wheels" -name 'mflow-*.whl' -printf '%T@ %p\n' 2>/dev/null |
+  # No wheels directory is no wheel (find fails on it): the case that needs one says so.
+  MFLOW_E2E_WHEEL=$({ find "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/wheels" -name 'mflow-*.whl' -printf '%T@ %p\n' 2>/dev/null || true; } |
     sort -n | tail -1 | cut -d' ' -f2-)
 fi
 export MFLOW_BIN MFLOW_E2E_LOCAL_HOME MFLOW_E2E_WHEEL MFLOW_E2E_STATE="$STATE_DIR"
