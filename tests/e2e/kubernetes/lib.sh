@@ -60,6 +60,20 @@ is_built() {
   [ "$(cat "$stamp")" = "$id" ]
 }
 
+# has_room_for NAME: whether the state directory's disk holds NAME's import: its layers in the
+# content store and unpacked beside them, until the blobs go. Says so plainly when it does not,
+# rather than leaving containerd's "no space left on device" halfway through a layer.
+has_room_for() {
+  local name=$1 size need avail
+  size=$(e2e_buildah images --format '{{.Size}}' "$name" | head -n 1 | tr -d ' B' | tr k K)
+  size=$(numfmt --from=si "$size" 2>/dev/null) || return 0
+  need=$((2 * size + (1 << 30)))
+  avail=$(df --output=avail -B1 "$STATE_DIR" | tail -n 1)
+  [ "$avail" -ge "$need" ] && return 0
+  log "importing $name needs about $(numfmt --to=si "$need")B free on the disk of $STATE_DIR; it has $(numfmt --to=si "$avail")B"
+  return 1
+}
+
 # import_built SOCKET NAME KEY: streams the image images.sh built as NAME (KEY) from buildah's
 # storage into the containerd at SOCKET, in `docker save`'s format through a pipe (no archive
 # on the disk: the train image is 7 GB), labels it mflow.dev/e2e-key=KEY and drops its layer
@@ -67,6 +81,7 @@ is_built() {
 import_built() {
   local sock=$1 name=$2 key=$3 c=(ctr --address "$1" --namespace k8s.io)
   is_built "$name" "$key" || { log "buildah holds no build of $name with key $key (images.sh builds it)"; return 1; }
+  has_room_for "$name" || return 1
   # Layers uncompressed: gzip of gigabytes of CUDA libraries takes minutes on 2 cores.
   # --base-name: ctr keeps the archive's own name only when it starts with this.
   e2e_buildah push --quiet --disable-compression "$name" "docker-archive:/dev/stdout:$name" |
