@@ -66,7 +66,6 @@ mkdir -p "$IMAGES_DIR"
 exec 9>"$IMAGES_DIR/.lock"
 flock 9
 
-B=(e2e_buildah)
 
 # stamped FILE: copies stdin to FILE, and its Dockerfile steps to stderr with their start time.
 stamped() {
@@ -87,7 +86,7 @@ timed() {
 
 # The base: what debian:bookworm-slim is, made from Debian packages.
 build_base() {
-  if "${B[@]}" inspect --type image "$BASE_IMAGE" >/dev/null 2>&1; then
+  if e2e_buildah inspect --type image "$BASE_IMAGE" >/dev/null 2>&1; then
     log "cached: base $BASE_IMAGE"
     return 0
   fi
@@ -96,11 +95,11 @@ build_base() {
   # shellcheck disable=SC2064
   trap "rm -rf '$tmp'" RETURN
   mmdebstrap --quiet --variant=minbase bookworm "$tmp/rootfs.tar" "${DEBIAN_SOURCES[@]}" >&2
-  ctr=$("${B[@]}" from --pull=never scratch)
-  "${B[@]}" add "$ctr" "$tmp/rootfs.tar" / >/dev/null
-  "${B[@]}" config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  ctr=$(e2e_buildah from --pull=never scratch)
+  e2e_buildah add "$ctr" "$tmp/rootfs.tar" / >/dev/null
+  e2e_buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     --cmd bash --os linux --arch amd64 "$ctr"
-  "${B[@]}" commit --quiet --rm "$ctr" "$BASE_IMAGE" >/dev/null
+  e2e_buildah commit --quiet --rm "$ctr" "$BASE_IMAGE" >/dev/null
 }
 
 # The build context: what the Dockerfile's `cpu` and `cpu-train` targets COPY with
@@ -124,7 +123,7 @@ image_key() {
   {
     echo "target $1"
     sha256sum "$REPO_ROOT/docker/Dockerfile" | cut -d' ' -f1
-    "${B[@]}" inspect --type image --format '{{.FromImageID}}' "$BASE_IMAGE"
+    image_id "$BASE_IMAGE"
     tar -C "$CONTEXT" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - . | sha256sum
   } | sha256sum | cut -c1-16
 }
@@ -142,7 +141,7 @@ build() {
   # Stamps of other keys are stale, and the archives earlier versions of this script kept
   # (7 GB for the train image) are not read any more.
   rm -f "${stamp%-*}"-*.built "${stamp%-*}"-*.tar
-  id=$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$name" 2>/dev/null) || id=""
+  id=$(image_id "$name") || id=""
   local ca_args=()
   [ -f "$CA_BUNDLE" ] && ca_args=(--secret "id=pip-cert,src=$CA_BUNDLE")
   # RUN steps share the host's network (apt and pip reach their registries); chroot isolation
@@ -150,20 +149,20 @@ build() {
   local blog="$IMAGES_DIR/build-$target.log" t=$SECONDS
   : >"$blog"
   log "building $name (target $target; output in $blog)"
-  "${B[@]}" bud --layers --pull=never --isolation chroot --network host \
+  e2e_buildah bud --layers --pull=never --isolation chroot --network host \
     --build-arg "BASE=$BASE_IMAGE" --build-arg MFLOW_FROM=dist "${ca_args[@]}" \
     --target "$target" -t "$name" -f "$REPO_ROOT/docker/Dockerfile" "$CONTEXT" 2>&1 | stamped "$blog" ||
     { tail -n 40 "$blog" >&2; die "building $name failed (docker/Dockerfile, target $target; log: $blog)"; }
   # buildah 1.28 leaves the container of a stage without instructions (mflow-bin) behind.
-  "${B[@]}" rm --all >/dev/null
+  e2e_buildah rm --all >/dev/null
   log "built $name in $((SECONDS - t))s"
   local new
-  new=$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$name")
+  new=$(image_id "$name") || die "buildah lists no $name after building it"
   # The previous image of this name shares all but its last layers; its own go.
-  if [ -n "$id" ] && [ "$id" != "$new" ]; then "${B[@]}" rmi "$id" >/dev/null 2>&1 || true; fi
+  if [ -n "$id" ] && [ "$id" != "$new" ]; then e2e_buildah rmi "$id" >/dev/null 2>&1 || true; fi
   echo "$new" >"$stamp.tmp"
   mv "$stamp.tmp" "$stamp"
-  log "$name: $("${B[@]}" images --format '{{.Size}}' "$name" | head -n 1) unpacked"
+  log "$name: $(e2e_buildah images --format '{{.Size}}' "$name" | head -n 1) unpacked"
   echo "$key"
 }
 

@@ -51,13 +51,14 @@ e2e_buildah() {
 # built_stamp NAME KEY: the file by which images.sh records that buildah's NAME is KEY's build.
 built_stamp() { echo "$IMAGES_DIR/$(echo "${1#localhost/}" | tr '/:' '__')-$2.built"; }
 
+# image_id NAME: the ID of buildah's image NAME; fails when there is none.
+image_id() { e2e_buildah inspect --type image --format '{{.FromImageID}}' "$1" 2>/dev/null; }
+
 # is_built NAME KEY: whether buildah's NAME is KEY's build (the ID in its stamp).
 is_built() {
   local stamp id
   stamp=$(built_stamp "$1" "$2")
-  [ -f "$stamp" ] || return 1
-  id=$(e2e_buildah inspect --type image --format '{{.FromImageID}}' "$1" 2>/dev/null) || return 1
-  [ "$(cat "$stamp")" = "$id" ]
+  [ -f "$stamp" ] && id=$(image_id "$1") && [ "$(cat "$stamp")" = "$id" ]
 }
 
 # has_room_for NAME: whether the state directory's disk holds NAME's import: its layers in the
@@ -74,13 +75,12 @@ has_room_for() {
   return 1
 }
 
-# import_built SOCKET NAME KEY: streams the image images.sh built as NAME (KEY) from buildah's
+# import_built SOCKET NAME KEY: streams NAME, which is_built as KEY's build, from buildah's
 # storage into the containerd at SOCKET, in `docker save`'s format through a pipe (no archive
 # on the disk: the train image is 7 GB), labels it mflow.dev/e2e-key=KEY and drops its layer
-# blobs. Fails when buildah's NAME is no longer KEY's build.
+# blobs.
 import_built() {
   local sock=$1 name=$2 key=$3 c=(ctr --address "$1" --namespace k8s.io)
-  is_built "$name" "$key" || { log "buildah holds no build of $name with key $key (images.sh builds it)"; return 1; }
   has_room_for "$name" || return 1
   # Layers uncompressed: gzip of gigabytes of CUDA libraries takes minutes on 2 cores.
   # --base-name: ctr keeps the archive's own name only when it starts with this.
