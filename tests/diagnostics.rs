@@ -17,7 +17,10 @@ fn render(path: &std::path::Path, overrides: &[String]) -> String {
 #[test]
 fn bad_specs() {
     insta::glob!("fixtures/bad/*.toml", |path| {
-        insta::assert_snapshot!(render(path, &[]));
+        let text = render(path, &[]);
+        // A credential's value is never shown, not even in the excerpt of its line.
+        assert!(!text.contains("do-not-show") && !text.contains("DoNotShow"), "{text}");
+        insta::assert_snapshot!(text);
     });
 }
 
@@ -28,7 +31,18 @@ fn bad_overrides() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("spec.toml");
     std::fs::write(&p, good).unwrap();
-    for set in ["stages.zz.run=1", "nokey", "stages.a.timeout=5"] {
-        insta::assert_snapshot!(set, render(&p, &[set.to_string()]));
+    for set in [
+        "stages.zz.run=1",
+        "nokey",
+        "stages.a.timeout=5",
+        "vars.nope=1",
+        "vars.x.y=1",
+        "stages.a.env.HF_TOKEN=hf_DoNotShowThisValue",
+        "stages.zz.env.GITHUB_TOKEN=ghp_DoNotShowThisValue",
+        "stages.a.salt=99999999999999999999",
+    ] {
+        let text = render(&p, &[set.to_string()]);
+        assert!(!text.contains("DoNotShow"), "{text}");
+        insta::assert_snapshot!(mflow::spec::secret::shown_override(set).replace(['<', '>'], ""), text);
     }
 }

@@ -166,3 +166,30 @@ fn every_diagnostic_code_is_explained() {
     check(&repo("docs/diagnostics.md"), &md);
     check(&repo("src/cli/diagnostics.rs"), &rs);
 }
+
+/// Each table of docs/spec.md's key reference is the one the field tables generate (the prose
+/// between them is written by hand).
+#[test]
+fn the_spec_reference_tables_are_the_field_tables() {
+    let doc = std::fs::read_to_string(repo("docs/spec.md")).unwrap();
+    let generated = mflow::spec::reference_markdown();
+    let mut sections = generated.split("\n### ").skip(1);
+    assert!(sections.clone().count() > 5, "{generated}");
+    for section in sections.by_ref() {
+        let (heading, body) = section.split_once('\n').unwrap();
+        let table: String = body
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let at =
+            doc.find(&format!("### {heading}\n")).unwrap_or_else(|| panic!("docs/spec.md has no section {heading}"));
+        let rest = &doc[at..];
+        let next = rest[4..].find("\n### ").map_or(rest.len(), |n| n + 4);
+        assert!(
+            rest[..next].contains(&table),
+            "docs/spec.md, section {heading}: the table is not what `mflow schema --format markdown` prints:\n{table}"
+        );
+    }
+}

@@ -133,6 +133,7 @@ pub const DIAGNOSTICS: &[(&str, &str, &str)] = &[
     ("mflow::output::owned", "{} is {what}, which mflow keeps for itself; it does not write a report or a download there", "name a path outside the workdir and MFLOW_HOME, other than the spec"),
     ("mflow::plan::input_cycle", "stage `{stage}`: input directory `{}` leads back into itself through a symbolic link", "remove the link, or name the files below it in `inputs`"),
     ("mflow::plan::input_escapes", "stage `{stage}`: input `{pattern}` leaves the project directory {}", "keep relative inputs inside the project, or give an absolute path"),
+    ("mflow::plan::input_in_workdir", "stage `{stage}`: input `{pattern}` is inside mflow's workdir {}", "read another stage's result through `stages.NAME.output` in its parameters: the workdir's files change with every run"),
     ("mflow::plan::input_io", "stage `{stage}`: cannot read input {}", ""),
     ("mflow::plan::input_link_escapes", "stage `{stage}`: input `{}` is a symbolic link to {}, outside the project directory {}", "copy the file into the project, or give its absolute path in `inputs` if the stage is meant to read it there"),
     ("mflow::plan::input_missing", "stage `{stage}`: input `{pattern}` matches no file", "check the path; relative paths start at the spec's directory"),

@@ -64,7 +64,22 @@ pub fn why(a: WhyArgs, p: &Printer) -> Result<ExitCode, Error> {
 }
 
 pub fn validate(a: SpecArgs, p: &Printer) -> Result<ExitCode, Error> {
-    let s = spec::load(&a.spec, &a.set)?;
+    let checked = spec::load(&a.spec, &a.set).map_err(Error::from).and_then(|s| match plan::check(&s) {
+        Ok(()) => Ok(s),
+        Err(e) => Err(Error::from(e)),
+    });
+    let s = match checked {
+        Ok(s) => s,
+        Err(e) if p.json() => {
+            // Programs read standard output: the verdict goes there too, the diagnostic as JSON.
+            let mut text = String::new();
+            let _ = miette::JSONReportHandler::new().render_report(&mut text, &e);
+            let error = serde_json::from_str::<serde_json::Value>(&text).unwrap_or(serde_json::Value::String(text));
+            p.value(&serde_json::json!({"spec": a.spec, "valid": false, "error": error}), false);
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
     if p.json() {
         p.value(&serde_json::json!({"spec": a.spec, "valid": true, "stages": s.stages.len()}), false);
     } else {
@@ -87,6 +102,7 @@ pub fn output(a: OutputArgs, p: &Printer) -> Result<ExitCode, Error> {
     let i = plan.index(&stage).ok_or_else(|| plan::PlanError::UnknownStage(stage.clone()))?;
     if let Some(to) = &a.download {
         user_named(&crate::user_output::Owned::new(plan.spec.workdir().root()).spec(&a.spec), to)?;
+        super::tools::remove_staging_on_signals();
     }
     if plan.spec.pipeline.backend == BackendKind::Kubernetes && crate::backend::kubernetes::outside_cluster(&plan.spec)
     {
@@ -169,44 +185,36 @@ pub fn stage_metrics(a: OutputArgs, p: &Printer) -> Result<ExitCode, Error> {
     Ok(ExitCode::Success)
 }
 
-/// Copies a committed output to `to` (which must not exist) through a staging directory,
-/// checking every file against its manifest.
+/// Copies a committed output to `to` (which must not exist) through a staging directory
+/// (`mflow_untrusted::staging`), checking every file against its manifest.
 fn copy_output(dir: &Path, m: &crate::cache::Manifest, to: &Path) -> Result<(), Error> {
+    use mflow_untrusted::staging::{self, Staging, StagingError};
     if to.symlink_metadata().is_ok() {
         return Err(Error::usage(format!("{} exists", to.display()), "copy into a directory that does not exist yet"));
     }
-    let staging = outside::records::staged_beside(to);
-    let copied = (|| -> Result<(), Error> {
-        for f in &m.files {
-            let rel = outside::relative(&f.path).ok_or_else(|| {
-                Error::usage(
-                    format!(
-                        "the manifest of {} lists a file outside it: {}",
-                        dir.display(),
-                        spec::error::excerpt(&f.path)
-                    ),
-                    "`mflow cache repair` rebuilds the manifest log",
-                )
-            })?;
-            let (from, dest) = (dir.join(&rel), staging.join(&rel));
-            if let Some(parent) = dest.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-            }
-            std::fs::copy(&from, &dest).map_err(|e| Error::io(&from, e))?;
-            if crate::cache::hash_file(&dest).map_err(|e| Error::io(&dest, e))? != f.blake3 {
-                return Err(Error::usage(
-                    format!("{} differs from the digest its manifest records", from.display()),
-                    "`mflow run --verify` rebuilds a damaged entry",
-                ));
-            }
+    let failed = |e: StagingError| Error::io(&e.path, e.source);
+    let staging = Staging::create(to).map_err(failed)?;
+    for f in &m.files {
+        let rel = outside::relative(&f.path).ok_or_else(|| {
+            Error::usage(
+                format!("the manifest of {} lists a file outside it: {}", dir.display(), spec::error::excerpt(&f.path)),
+                "`mflow cache repair` rebuilds the manifest log",
+            )
+        })?;
+        let (from, dest) = (dir.join(&rel), staging.path().join(&rel));
+        if let Some(parent) = rel.parent() {
+            staging::create_dir_below(staging.path(), parent)
+                .map_err(|e| Error::io(&staging.path().join(parent), e))?;
         }
-        std::fs::create_dir_all(&staging).map_err(|e| Error::io(&staging, e))?;
-        std::fs::rename(&staging, to).map_err(|e| Error::io(to, e))
-    })();
-    if copied.is_err() {
-        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::copy(&from, &dest).map_err(|e| Error::io(&from, e))?;
+        if crate::cache::hash_file(&dest).map_err(|e| Error::io(&dest, e))? != f.blake3 {
+            return Err(Error::usage(
+                format!("{} differs from the digest its manifest records", from.display()),
+                "`mflow run --verify` rebuilds a damaged entry",
+            ));
+        }
     }
-    copied
+    staging.commit().map_err(failed)
 }
 
 /// Stages that would run because this machine lacks their output, but that the cluster's cache

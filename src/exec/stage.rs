@@ -376,14 +376,30 @@ async fn check_gates(sh: &Shared, i: usize, output: &Path, tally: &mut Vec<Stage
     if gates.is_empty() {
         return None;
     }
-    let metrics = read_json(&output.join("metrics.json"), RESULT_JSON).await;
+    let path = output.join("metrics.json");
+    let metrics = read_json(&path, RESULT_JSON).await;
     let results = crate::spec::gates::evaluate(gates, metrics.as_ref().unwrap_or(&Json::Null));
+    // Why a gate has no value: the file, or the metric in it.
+    let file_problem = match &metrics {
+        Some(Json::Object(_)) => None,
+        Some(_) => Some("metrics.json is not a JSON object".to_string()),
+        None => Some(match std::fs::symlink_metadata(&path) {
+            Err(_) => "the stage wrote no metrics.json".to_string(),
+            Ok(m) if !m.is_file() => "metrics.json is not a regular file".to_string(),
+            Ok(m) if m.len() > RESULT_JSON => format!("metrics.json is larger than {} MiB", RESULT_JSON >> 20),
+            Ok(_) => "metrics.json is not valid JSON".to_string(),
+        }),
+    };
     let failed: Vec<String> = results
         .iter()
         .filter(|g| !g.passed)
-        .map(|g| {
-            let value = g.value.map(|v| format!("{v:.4}")).unwrap_or("missing".into());
-            format!("{} = {value} is not {}", g.metric, g.condition)
+        .map(|g| match (g.value, &file_problem, metrics.as_ref().and_then(|m| m.get(&g.metric))) {
+            (Some(v), _, _) => format!("{} = {v:.4} is not {}", g.metric, g.condition),
+            (None, Some(problem), _) => format!("{}: {problem}", g.metric),
+            (None, None, None) => format!("{}: not in metrics.json", g.metric),
+            (None, None, Some(found)) => {
+                format!("{} is {}, not a number", g.metric, crate::spec::error::excerpt_of(&found.to_string(), 60))
+            }
         })
         .collect();
     tally.extend(results.iter().map(|g| StageGate { stage: name.to_string(), gate: g.clone() }));

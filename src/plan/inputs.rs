@@ -44,6 +44,12 @@ pub enum InputError {
         help("name fewer files: a narrower path or glob, or an archive of the directory")
     )]
     TooLarge { stage: String, pattern: String, what: String },
+    #[error("stage `{stage}`: input `{pattern}` is inside mflow's workdir {}", workdir.display())]
+    #[diagnostic(
+        code(mflow::plan::input_in_workdir),
+        help("read another stage's result through `stages.NAME.output` in its parameters: the workdir's files change with every run")
+    )]
+    InWorkdir { stage: String, pattern: String, workdir: PathBuf },
     #[error("stage `{stage}`: invalid input pattern `{pattern}`: {reason}")]
     #[diagnostic(code(mflow::plan::input_pattern))]
     Pattern { stage: String, pattern: String, reason: String },
@@ -77,10 +83,16 @@ pub struct InputHasher {
     /// The artifact volume is the cluster's, not mounted here: files on it are hashed by the
     /// run's driver there, not by this plan.
     volume_elsewhere: bool,
+    /// Off for a check that only finds the files.
+    hash: bool,
     /// Directories of matched files, resolved, shared by every stage of the plan: the inputs of
     /// 5,000 stages mostly share one or two directories, and resolving one per stage was 4
     /// failing readlinks each (`canonicalize` walks every component).
     parents: Mutex<HashMap<PathBuf, Option<PathBuf>>>,
+    /// mflow's workdir, and its device and inode when it exists: never an input, so that a
+    /// glob or directory over the project does not read the cache and the run records.
+    workdir: PathBuf,
+    workdir_node: Option<(u64, u64)>,
 }
 
 /// How deep an input may be walked (`mflow_untrusted::walk::LIMITS`).
@@ -138,8 +150,20 @@ impl InputHasher {
             base: base.to_path_buf(),
             base_dir: OpenDir::open(base).ok(),
             volume_elsewhere: false,
+            hash: true,
             parents: Mutex::default(),
+            workdir: workdir.root().to_path_buf(),
+            workdir_node: std::fs::metadata(workdir.root()).ok().map(|m| {
+                let m = FileStat::from(&m);
+                (m.dev, m.ino)
+            }),
         }
+    }
+
+    /// Finds and checks the inputs without reading them: their digests are left empty.
+    pub fn without_hashing(mut self) -> Self {
+        self.hash = false;
+        self
     }
 
     /// Inputs on the artifact volume are left to the cluster (see [`ON_THE_VOLUME`]).
@@ -160,6 +184,13 @@ impl InputHasher {
         let mut out = BTreeMap::new();
         for pattern in patterns {
             let p = Path::new(pattern);
+            if pattern.is_empty() {
+                return Err(InputError::Pattern {
+                    stage: stage.into(),
+                    pattern: pattern.clone(),
+                    reason: "an empty path".into(),
+                });
+            }
             if self.volume_elsewhere && p.is_absolute() && p.starts_with(mflow_kube::ARTIFACT_MOUNT) {
                 out.insert(pattern.clone(), ON_THE_VOLUME.to_string());
                 continue;
@@ -182,6 +213,17 @@ impl InputHasher {
             let mut links = Links { stage, base, root, parents: &self.parents, scope: None };
             let mut files = Vec::new();
             let mut add = |entry: &Path, links: &mut Links| -> Result<(), InputError> {
+                if self.in_workdir(entry) {
+                    // A glob over the project passes the workdir by; a path into it is refused.
+                    return match is_glob {
+                        true => Ok(()),
+                        false => Err(InputError::InWorkdir {
+                            stage: stage.into(),
+                            pattern: pattern.clone(),
+                            workdir: self.workdir.clone(),
+                        }),
+                    };
+                }
                 let known = if explicit {
                     let real = std::fs::canonicalize(entry).ok();
                     if let (Some(scope), Some(real)) = (&glob_scope, &real) {
@@ -243,6 +285,10 @@ impl InputHasher {
                     .strip_prefix(base)
                     .map(|r| r.to_string_lossy().to_string())
                     .unwrap_or_else(|_| f.to_string_lossy().to_string());
+                if !self.hash {
+                    out.insert(rel, String::new());
+                    continue;
+                }
                 let d = self.file(&f, &meta).map_err(|source| InputError::Io {
                     stage: stage.into(),
                     path: f.clone(),
@@ -304,6 +350,9 @@ impl InputHasher {
         }
         // The walk every input shares: a cycle of links, or a tree past its bounds, is an error.
         let mut visit = |p: &Path, m: &FileStat, is_link: bool| -> Result<bool, InputError> {
+            if self.is_workdir(m) {
+                return Ok(false);
+            }
             if is_link {
                 links.check_link(p)?;
             }
@@ -345,6 +394,9 @@ impl InputHasher {
         let start = literal_prefix(full);
         let mut out = Vec::new();
         let mut visit = |p: &Path, m: &FileStat, is_link: bool| -> Result<bool, InputError> {
+            if self.is_workdir(m) {
+                return Ok(false);
+            }
             if pattern.matches_path_with(p, opts) {
                 out.push(p.to_path_buf());
             }
@@ -356,6 +408,19 @@ impl InputHasher {
         walk(&start, &|p| self.stat(p), &mut visit).map_err(|e| self.walk_error(stage, e))?;
         out.sort();
         Ok(out)
+    }
+
+    /// Whether a directory met on a walk is the workdir.
+    fn is_workdir(&self, m: &FileStat) -> bool {
+        m.is_dir && self.workdir_node == Some((m.dev, m.ino))
+    }
+
+    /// Whether `path` is the workdir or below it, as written (`.` components aside), or is the
+    /// workdir by another way of writing it (stat-ed only when its name is the workdir's).
+    fn in_workdir(&self, path: &Path) -> bool {
+        let plain = |p: &Path| p.components().filter(|c| *c != Component::CurDir).collect::<PathBuf>();
+        plain(path).starts_with(plain(&self.workdir))
+            || (path.file_name() == self.workdir.file_name() && self.stat(path).is_some_and(|m| self.is_workdir(&m)))
     }
 
     /// Stats `path` itself (a link is not followed) from the open base directory, when it lies

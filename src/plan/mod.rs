@@ -202,6 +202,29 @@ pub fn check_layouts(spec: &Spec) -> Result<(), crate::spec::SpecErrors> {
     layout::check(spec, &spec.stages)
 }
 
+/// What a plan refuses, checked without the network, without hashing and without writing
+/// (`mflow validate`): every tp and pp that cannot split the model it reads, the stages'
+/// cross-checks, and inputs that are missing or lead out of the project.
+pub fn check(spec: &Spec) -> Result<(), PlanError> {
+    check_layouts(spec)?;
+    let mut stages = spec.stages.clone();
+    insert_reshards(&mut stages);
+    checks::check(&stages)?;
+    let root = crate::project::root(&spec.dir);
+    let hasher = InputHasher::open(&spec.workdir(), &spec.dir, None)
+        .volume_elsewhere(
+            spec.pipeline.backend == crate::spec::BackendKind::Kubernetes
+                && crate::backend::kubernetes::outside_cluster(spec),
+        )
+        .without_hashing();
+    for st in &stages {
+        let mut patterns = st.inputs.clone();
+        patterns.extend(st.typed.external_inputs(&spec.dir));
+        hasher.digest(&st.name, &root, &patterns)?;
+    }
+    Ok(())
+}
+
 /// A stage's parameters as they enter its key, and its engine.
 fn stage_params(
     spec: &Spec,

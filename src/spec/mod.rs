@@ -8,6 +8,7 @@ mod interp;
 mod parse;
 mod retry;
 pub mod schema;
+pub mod secret;
 pub mod tree;
 mod values;
 mod view;

@@ -51,13 +51,8 @@ pub(super) fn parse_in(path: &Path, dir: PathBuf, text: &str, overrides: &[Strin
     let source: Arc<str> = Arc::from(text);
     let src: Src = NamedSource::new(path.display().to_string(), source.clone());
     let fail = |errors: Vec<SpecError>| SpecErrors::new(path, errors);
-    let mut root = tree::parse(text).map_err(|e| {
-        fail(vec![SpecError::Syntax {
-            src: src.clone(),
-            span: to_span(e.span()),
-            message: e.message().trim().to_string(),
-        }])
-    })?;
+    let mut root = tree::parse(text)
+        .map_err(|e| fail(vec![SpecError::Syntax { src: src.clone(), span: to_span(e.span), message: e.message }]))?;
     let mut parser = Parser { src, dir, errors: Vec::new() };
     for arg in overrides {
         if let Err(e) = apply_override(&mut root, arg) {
@@ -378,11 +373,21 @@ impl Parser {
 // Called once per `--set`; the error is the spec's own diagnostic type, large for its spans.
 #[allow(clippy::result_large_err)]
 fn apply_override(root: &mut Node, arg: &str) -> Result<(), SpecError> {
-    let bad = |reason: &str| SpecError::Override { arg: arg.to_string(), reason: reason.to_string() };
+    let shown = super::secret::shown_override(arg);
+    let bad = |reason: &str| SpecError::Override { arg: shown.clone(), reason: reason.to_string() };
     let (key, value) = arg.split_once('=').ok_or_else(|| bad("expected KEY=VALUE"))?;
     let path: Vec<&str> = key.trim().split('.').collect();
     match path.as_slice() {
-        ["vars", _] | ["pipeline", ..] => {}
+        ["vars", name] => {
+            let vars = root.get("vars").and_then(Node::as_table);
+            if !vars.is_some_and(|t| t.iter().any(|(k, _)| k.name == *name)) {
+                let names: Vec<&str> = vars.into_iter().flatten().map(|(k, _)| k.name.as_str()).collect();
+                let hint = super::error::did_you_mean(name, &names, "variables");
+                return Err(bad(&format!("the spec has no variable `{name}` under [vars]; {hint}")));
+            }
+        }
+        ["vars", _, _, ..] => return Err(bad("a variable is set whole: write `--set vars.NAME=VALUE`")),
+        ["pipeline", ..] => {}
         ["stages", stage, _, ..] => {
             if root.get("stages").and_then(|s| s.get(stage)).is_none() {
                 return Err(bad(&format!("there is no stage `{stage}`")));
@@ -393,7 +398,7 @@ fn apply_override(root: &mut Node, arg: &str) -> Result<(), SpecError> {
     if path.iter().any(|p| p.is_empty()) {
         return Err(bad("empty key segment"));
     }
-    let node = tree::parse_override(value.trim(), arg);
+    let node = tree::parse_override(value.trim(), &shown).map_err(|e| bad(&e))?;
     root.set_path(&path, node).map_err(|e| bad(&e))
 }
 

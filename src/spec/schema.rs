@@ -11,8 +11,12 @@ use super::tree::{Node, Val};
 pub enum Ty {
     Str,
     Int,
+    /// An integer from `.0` to `.1`, both included.
+    IntIn(i64, i64),
     /// An integer is accepted too.
     Float,
+    /// A number at least `.0` and below `.1` (which may be infinity).
+    FloatIn(f64, f64),
     Bool,
     StrList,
     /// A list of strings or numbers (free form, e.g. split ratios).
@@ -32,6 +36,13 @@ pub enum Ty {
     /// A string that `check` takes: `Some((reason, help))` refuses it when the spec is read.
     Checked(fn(&str) -> Option<(String, String)>),
 }
+
+/// An integer >= 0 (counts that may be none, seeds).
+pub const NATURAL: Ty = Ty::IntIn(0, i64::MAX);
+/// An integer >= 1.
+pub const COUNT: Ty = Ty::IntIn(1, i64::MAX);
+/// A number >= 0.
+pub const NON_NEGATIVE: Ty = Ty::FloatIn(0.0, f64::INFINITY);
 
 #[derive(Debug, Clone, Copy)]
 pub struct Field {
@@ -146,7 +157,7 @@ fn check_value(src: &Src, node: &Node, field: &Field, key: &str, errors: &mut Ve
         (Ty::Int, Val::Int(i)) => Some(Json::from(*i)),
         (Ty::Float, Val::Int(i)) => Some(Json::from(*i as f64)),
         // nan and inf are TOML numbers, but no setting of a spec means them.
-        (Ty::Float, Val::Float(f)) if !f.is_finite() => {
+        (Ty::Float | Ty::FloatIn(..), Val::Float(f)) if !f.is_finite() => {
             errors.push(invalid(
                 src,
                 node,
@@ -157,6 +168,41 @@ fn check_value(src: &Src, node: &Node, field: &Field, key: &str, errors: &mut Ve
             return None;
         }
         (Ty::Float, Val::Float(_)) => Some(v.to_json()),
+        (Ty::IntIn(lo, hi), Val::Int(i)) => {
+            if (lo..=hi).contains(i) {
+                Some(Json::from(*i))
+            } else {
+                let name = key.rsplit('.').next().unwrap_or(key);
+                errors.push(invalid(
+                    src,
+                    node,
+                    key,
+                    format!("{i} is not {}", int_range(lo, hi)),
+                    format!("set `{name}` to {}", int_range(lo, hi)),
+                ));
+                return None;
+            }
+        }
+        (Ty::FloatIn(lo, below), Val::Int(_) | Val::Float(_)) => {
+            let x = match v {
+                Val::Int(i) => *i as f64,
+                Val::Float(f) => *f,
+                _ => unreachable!("matched above"),
+            };
+            if x >= lo && x < below {
+                Some(Json::from(x))
+            } else {
+                let name = key.rsplit('.').next().unwrap_or(key);
+                errors.push(invalid(
+                    src,
+                    node,
+                    key,
+                    format!("{x} is not {}", float_range(lo, below)),
+                    format!("set `{name}` to {}", float_range(lo, below)),
+                ));
+                return None;
+            }
+        }
         (Ty::Bool, Val::Bool(b)) => Some(Json::Bool(*b)),
         (Ty::StrOrInt, Val::Str(_) | Val::Int(_)) => Some(v.to_json()),
         (Ty::Checked(check), Val::Str(s)) => match check(s) {
@@ -260,6 +306,23 @@ fn env_ok(src: &Src, entries: &[(super::tree::Key, Node)], key: &str, errors: &m
                 reason: "not an environment variable name".into(),
                 help: "use letters, digits and `_`, not starting with a digit".into(),
             });
+        } else if super::secret::credential_name(&k.name) {
+            // No span: the excerpt under a label would print the credential's line.
+            let place = match &item.origin {
+                super::tree::Origin::File(r) => format!(" (line {})", src.inner()[..r.start].matches('\n').count() + 1),
+                super::tree::Origin::Override(arg) => format!(" (from `--set {arg}`)"),
+            };
+            errors.push(SpecError::InvalidValue {
+                src: src.clone(),
+                span: None,
+                key: at,
+                reason: format!("a credential cannot be given in a spec{place}"),
+                help: format!(
+                    "a spec's values are kept in the run's lockfile, records and plans; set {} in mflow's own \
+                     environment instead, which local stages inherit",
+                    k.name
+                ),
+            });
         } else if matches!(&item.value, Val::Str(s) if s.contains('\0')) {
             errors.push(invalid(
                 src,
@@ -273,11 +336,26 @@ fn env_ok(src: &Src, entries: &[(super::tree::Key, Node)], key: &str, errors: &m
     errors.len() == before
 }
 
+/// `an integer >= 1`, `an integer from 0 to 9`: what an integer field takes, in words.
+fn int_range(lo: i64, hi: i64) -> String {
+    match hi {
+        i64::MAX => format!("an integer >= {lo}"),
+        _ => format!("an integer from {lo} to {hi}"),
+    }
+}
+
+fn float_range(lo: f64, below: f64) -> String {
+    match below {
+        f64::INFINITY => format!("a number >= {lo}"),
+        _ => format!("a number >= {lo} and below {below}"),
+    }
+}
+
 fn expected(ty: Ty) -> &'static str {
     match ty {
         Ty::Str => "a string",
-        Ty::Int => "an integer",
-        Ty::Float => "a number",
+        Ty::Int | Ty::IntIn(..) => "an integer",
+        Ty::Float | Ty::FloatIn(..) => "a number",
         Ty::Bool => "a boolean",
         Ty::StrList => "an array of strings",
         Ty::List => "an array",
@@ -313,7 +391,11 @@ fn ty_schema(ty: Ty) -> Json {
     match ty {
         Ty::Str => json!({"type": "string"}),
         Ty::Int => json!({"type": "integer"}),
+        Ty::IntIn(lo, hi) if hi == i64::MAX => json!({"type": "integer", "minimum": lo}),
+        Ty::IntIn(lo, hi) => json!({"type": "integer", "minimum": lo, "maximum": hi}),
         Ty::Float => json!({"type": "number"}),
+        Ty::FloatIn(lo, below) if below == f64::INFINITY => json!({"type": "number", "minimum": lo}),
+        Ty::FloatIn(lo, below) => json!({"type": "number", "minimum": lo, "exclusiveMaximum": below}),
         Ty::Bool => json!({"type": "boolean"}),
         Ty::StrList => json!({"type": "array", "items": {"type": "string"}}),
         Ty::List => json!({"type": "array"}),
@@ -338,6 +420,8 @@ pub fn markdown(fields: &[Field]) -> String {
         let ty = match f.ty {
             Ty::Enum(c) => c.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(" \\| "),
             Ty::Table(_) => "table (below)".into(),
+            Ty::IntIn(lo, hi) => int_range(lo, hi).trim_start_matches("an ").to_string(),
+            Ty::FloatIn(lo, below) => float_range(lo, below).trim_start_matches("a ").to_string(),
             other => expected(other).trim_start_matches("a ").trim_start_matches("an ").to_string(),
         };
         let default = match (f.required, f.default) {

@@ -41,6 +41,8 @@ pub enum Val {
     Float(f64),
     Bool(bool),
     Datetime(String),
+    /// An integer that does not fit in 64 bits: refused by `parse`, never seen past it.
+    BigInt(String),
     Array(Vec<Node>),
     Table(Vec<(Key, Node)>),
 }
@@ -53,6 +55,7 @@ impl Val {
             Val::Float(_) => "a float",
             Val::Bool(_) => "a boolean",
             Val::Datetime(_) => "a datetime",
+            Val::BigInt(_) => "an integer",
             Val::Array(_) => "an array",
             Val::Table(_) => "a table",
         }
@@ -62,7 +65,7 @@ impl Val {
     pub fn to_json(&self) -> serde_json::Value {
         use serde_json::Value as J;
         match self {
-            Val::Str(s) | Val::Datetime(s) => J::String(s.clone()),
+            Val::Str(s) | Val::Datetime(s) | Val::BigInt(s) => J::String(s.clone()),
             Val::Int(i) => J::from(*i),
             Val::Float(f) => serde_json::Number::from_f64(*f).map(J::Number).unwrap_or(J::Null),
             Val::Bool(b) => J::Bool(*b),
@@ -121,20 +124,36 @@ impl Node {
     }
 }
 
+/// Why a spec's TOML was not read, and where.
+#[derive(Debug)]
+pub struct ParseError {
+    pub span: Option<Range<usize>>,
+    pub message: String,
+}
+
 /// Parses TOML text into a spanned tree.
-pub fn parse(text: &str) -> Result<Node, toml::de::Error> {
-    let table = DeTable::parse(text)?;
+pub fn parse(text: &str) -> Result<Node, ParseError> {
+    let table =
+        DeTable::parse(text).map_err(|e| ParseError { span: e.span(), message: e.message().trim().to_string() })?;
     let span = table.span();
-    Ok(Node { origin: Origin::File(span), value: table_val(table.into_inner()) })
+    let value = table_val(table.into_inner());
+    let node = Node { origin: Origin::File(span), value };
+    match out_of_range(&node) {
+        Some((span, digits)) => Err(ParseError { span, message: too_large(&digits) }),
+        None => Ok(node),
+    }
 }
 
 /// Parses the value of a `--set key=value` override: TOML when it parses, else a plain string.
-pub fn parse_override(text: &str, origin: &str) -> Node {
+pub fn parse_override(text: &str, origin: &str) -> Result<Node, String> {
     let origin = Origin::Override(origin.to_string());
     let value = match toml::de::DeValue::parse(text) {
         Ok(v) => strip(v.into_inner()),
         Err(_) => Val::Str(text.to_string()),
     };
+    if let Some((_, digits)) = out_of_range(&Node { origin: origin.clone(), value: value.clone() }) {
+        return Err(too_large(&digits));
+    }
     fn reorigin(mut n: Node, o: &Origin) -> Node {
         n.origin = o.clone();
         n.value = match n.value {
@@ -151,7 +170,21 @@ pub fn parse_override(text: &str, origin: &str) -> Node {
         };
         n
     }
-    reorigin(Node { origin: origin.clone(), value }, &origin)
+    Ok(reorigin(Node { origin: origin.clone(), value }, &origin))
+}
+
+fn too_large(digits: &str) -> String {
+    format!("the integer {} does not fit in 64 bits", super::error::excerpt(digits))
+}
+
+/// The first integer too large for 64 bits (kept as its digits by `convert`), and where.
+fn out_of_range(node: &Node) -> Option<(Option<Range<usize>>, String)> {
+    match &node.value {
+        Val::BigInt(digits) => Some((node.span(), digits.clone())),
+        Val::Array(a) => a.iter().find_map(out_of_range),
+        Val::Table(t) => t.iter().find_map(|(_, n)| out_of_range(n)),
+        _ => None,
+    }
 }
 
 fn strip(v: DeValue<'_>) -> Val {
@@ -177,7 +210,7 @@ fn convert(v: Spanned<DeValue<'_>>) -> Node {
             let digits = i.as_str().replace('_', "");
             match i64::from_str_radix(&digits, i.radix()) {
                 Ok(n) => Val::Int(n),
-                Err(_) => Val::Str(digits),
+                Err(_) => Val::BigInt(digits),
             }
         }
         DeValue::Float(f) => {

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::job::{literal_path, JobContext, JobPlan};
 use super::Check;
 use crate::spec::error::{to_span, SpecError};
-use crate::spec::schema::{def, opt, req, Field, Ty};
+use crate::spec::schema::{def, opt, req, Field, Ty, COUNT, NATURAL};
 
 pub const DOC: &str = "text/JSONL -> Megatron indexed dataset";
 
@@ -18,8 +18,8 @@ pub const FIELDS: &[Field] = &[
     def("split_by", Ty::Enum(&["file", "line", "blank-line"]), "\"file\"", "how plain text splits into documents"),
     def("text_key", Ty::Str, "\"text\"", "JSONL key holding the text"),
     def("splits", Ty::Str, "\"98,1,1\"", "train,valid,test ratios by document"),
-    def("seed", Ty::Int, "1234", "seed of the split"),
-    opt("max_doc_tokens", Ty::Int, "truncate longer documents"),
+    def("seed", NATURAL, "1234", "seed of the split"),
+    opt("max_doc_tokens", COUNT, "truncate longer documents"),
     def("dtype", Ty::Enum(&["auto", "uint16", "int32"]), "\"auto\"", "token dtype"),
     def("on_invalid_utf8", Ty::Enum(&["skip", "fail"]), "\"skip\"", "skip and count, or fail"),
     opt("eod", Ty::Str, "end-of-document token (default: the tokenizer's)"),

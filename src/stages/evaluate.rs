@@ -8,7 +8,7 @@ use super::engine::Requested;
 use super::job::{JobContext, JobPlan};
 use super::Check;
 use crate::spec::error::did_you_mean;
-use crate::spec::schema::{def, opt, req, Field, Ty};
+use crate::spec::schema::{def, opt, req, Field, Ty, NATURAL};
 
 pub const DOC: &str = "loss, perplexity, generation samples and gates";
 
@@ -30,7 +30,7 @@ pub const FIELDS: &[Field] = &[
     def("splits", Ty::StrList, "[\"valid\", \"test\"]", "dataset splits to evaluate"),
     opt("baseline", Ty::Str, "a stage whose output is an HF model to evaluate on the same data"),
     def("prompts", Ty::StrList, "[]", "prompts for greedy generation"),
-    def("max_new_tokens", Ty::Int, "32", "tokens generated per prompt"),
+    def("max_new_tokens", NATURAL, "32", "tokens generated per prompt"),
     def("precision", Ty::Enum(&["fp32", "bf16"]), "\"fp32\"", "evaluation precision"),
 ];
 

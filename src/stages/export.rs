@@ -5,7 +5,7 @@ use mflow_contract::workload::VerifyExportConfig;
 use serde::{Deserialize, Serialize};
 
 use super::job::{JobContext, JobPlan};
-use crate::spec::schema::{def, req, Field, Ty};
+use crate::spec::schema::{def, req, Field, Ty, COUNT};
 
 pub const DOC: &str = "shards -> HF directory, verified against the shards";
 
@@ -13,7 +13,7 @@ pub const FIELDS: &[Field] = &[
     req("model", Ty::Str, "shards to export"),
     def("verify", Ty::Bool, "true", "load the result with transformers and compare with the shards"),
     def("prompts", Ty::StrList, "[\"The\"]", "prompts whose greedy generations must match"),
-    def("max_new_tokens", Ty::Int, "16", "tokens generated per prompt"),
+    def("max_new_tokens", COUNT, "16", "tokens generated per prompt"),
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,10 +1,10 @@
 //! The keys of the spec's sections and those every stage accepts; each kind's own keys are in
 //! its file (`stages::train::FIELDS`, ...). docs/spec.md documents the same keys.
 
-use crate::spec::schema::{def, opt, req, Field, Ty};
+use crate::spec::schema::{def, opt, req, Field, Ty, COUNT, NATURAL};
 
 pub const RETRY: &[Field] = &[
-    def("max", Ty::Int, "0", "attempts allowed after the first, per failure class"),
+    def("max", Ty::IntIn(0, 1000), "0", "attempts allowed after the first, per failure class"),
     def("backoff", Ty::Duration, "\"5s\"", "wait before the first retry; doubles each time, with jitter"),
     def("max_backoff", Ty::Duration, "\"5m\"", "cap on the wait between attempts"),
     def("on", Ty::StrList, "[\"infra\", \"timeout\"]", "failure classes that are retried: infra, user, oom, timeout"),
@@ -26,7 +26,7 @@ pub const DRIVER: &[Field] = &[
     ),
     def(
         "restarts",
-        Ty::Int,
+        Ty::IntIn(0, 1000),
         "3",
         "how often the driver starts again after an eviction or a node loss; it reattaches to running TrainJobs",
     ),
@@ -72,7 +72,7 @@ pub const PIPELINE: &[Field] = &[
     def("backend", Ty::Enum(&["local", "kubernetes"]), "\"local\"", "where stages run"),
     opt("retries", Ty::Table(RETRY), "default retry policy for every stage"),
     opt("timeout", Ty::Duration, "default timeout for every stage"),
-    opt("jobs", Ty::Int, "stages run at the same time (default: number of CPUs)"),
+    opt("jobs", COUNT, "stages run at the same time (default: number of CPUs)"),
     opt("kubernetes", Ty::Table(KUBERNETES), "settings of the kubernetes backend"),
 ];
 
@@ -88,10 +88,10 @@ pub const SCHEDULE: &[Field] = &[
 ];
 
 pub const NOTIFY: &[Field] = &[
-    req("webhook", Ty::Str, "URL that receives a JSON summary (POST)"),
+    req("webhook", Ty::Checked(webhook), "http(s) URL that receives a JSON summary (POST)"),
     def("on", Ty::StrList, "[\"success\", \"failure\"]", "when to notify"),
     def("timeout", Ty::Duration, "\"10s\"", "per request"),
-    def("retries", Ty::Int, "3", "retries with exponential backoff"),
+    def("retries", NATURAL, "3", "retries with exponential backoff"),
 ];
 
 /// Keys every stage accepts, whatever its kind.
@@ -99,15 +99,15 @@ pub const COMMON: &[Field] = &[
     req("kind", Ty::Str, "command, model, convert, dataset, train, evaluate or export"),
     opt("description", Ty::Str, "free text"),
     def("needs", Ty::StrList, "[]", "stages that must finish first (references in values add edges too)"),
-    def("inputs", Ty::StrList, "[]", "files or globs the stage reads, relative to the spec; their content enters the cache key (for `dataset`: the corpus, text or JSONL, gz and zst too)"),
+    def("inputs", Ty::StrList, "[]", "files or globs the stage reads, relative to the spec; their content enters the cache key (for `dataset`: the corpus, text or JSONL, gz and zst too). A symbolic link among them, or in a directory they name, must resolve inside the project (the git work tree, else the spec's directory) or the plan is refused (`mflow::plan::input_link_escapes`); an absolute path outside the project is read where it is, links in it staying inside it. mflow's workdir is never an input: a glob or directory passes it by, a path into it is refused"),
     opt("retries", Ty::Table(RETRY), "retry policy"),
     opt("timeout", Ty::Duration, "kill the attempt after this long"),
     opt("resources", Ty::Table(RESOURCES), "resources the stage needs"),
-    def("env", Ty::Env, "{}", "extra environment variables"),
+    def("env", Ty::Env, "{}", "extra environment variables (names of letters, digits and `_`); not credentials (`HF_TOKEN`, `*_API_KEY`, `*_PASSWORD`, ...), which a spec's records would keep: stages inherit them from mflow's own environment"),
     def("cache", Ty::Bool, "true", "false: always rerun"),
     def("salt", Ty::Str, "\"\"", "any text; changing it invalidates the cache entry"),
     def("gates", Ty::StrMap, "{}", "conditions on metrics.json, e.g. val_ppl = \"< 40\""),
-    def("nodes", Ty::Int, "1", "nodes (Kubernetes); train and evaluate split their ranks evenly over them"),
+    def("nodes", Ty::IntIn(1, 65536), "1", "nodes (Kubernetes); train and evaluate split their ranks evenly over them"),
     opt("image", Ty::Str, "container image (Kubernetes)"),
 ];
 
@@ -125,4 +125,16 @@ fn namespace(name: &str) -> Option<(String, String)> {
 
 fn service_account(name: &str) -> Option<(String, String)> {
     kube_name(mflow_kube::check_service_account(name))
+}
+
+/// A webhook is an http(s) URL with a host; what it holds past the host is never shown.
+fn webhook(url: &str) -> Option<(String, String)> {
+    match reqwest::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some_and(|h| !h.is_empty()) => None,
+        Ok(u) => Some((
+            format!("`{}` webhooks are not sent: only http and https", crate::spec::error::excerpt(u.scheme())),
+            "write the URL as https://HOST/PATH".into(),
+        )),
+        Err(e) => Some((format!("not a URL ({e})"), "write the URL as https://HOST/PATH".into())),
+    }
 }

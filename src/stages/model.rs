@@ -6,13 +6,13 @@ use serde::{Deserialize, Serialize};
 use super::job::{literal_path, JobContext, JobPlan};
 use super::Check;
 use crate::spec::error::did_you_mean;
-use crate::spec::schema::{def, req, Field, Ty};
+use crate::spec::schema::{def, req, Field, Ty, NATURAL};
 
 pub const DOC: &str = "an HF model from the Hub, a directory, or a random-init preset";
 
 pub const FIELDS: &[Field] = &[
     req("source", Ty::Str, "hf://ORG/NAME[@REV], path:DIR or init:PRESET"),
-    def("seed", Ty::Int, "0", "seed of init: presets"),
+    def("seed", NATURAL, "0", "seed of init: presets"),
 ];
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

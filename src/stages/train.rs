@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::engine::Requested;
 use super::job::{JobContext, JobPlan};
 use super::Check;
-use crate::spec::schema::{def, req, Field, Ty};
+use crate::spec::schema::{def, req, Field, Ty, NATURAL, NON_NEGATIVE};
 
 pub const DOC: &str = "tensor/pipeline-parallel training (Megatron-Core on CUDA, reference engine on CPU)";
 
@@ -29,15 +29,15 @@ pub const FIELDS: &[Field] = &[
     def("seq_length", Ty::Int, "128", "tokens per sample"),
     def("micro_batch_size", Ty::Int, "4", "samples per micro-batch per rank"),
     def("global_batch_size", Ty::Int, "8", "samples per optimizer step"),
-    def("lr", Ty::Float, "0.003", "peak learning rate"),
-    def("min_lr", Ty::Float, "0.0003", "final learning rate"),
-    def("warmup_iterations", Ty::Int, "10", "linear warmup"),
+    def("lr", NON_NEGATIVE, "0.003", "peak learning rate"),
+    def("min_lr", NON_NEGATIVE, "0.0003", "final learning rate, at most lr"),
+    def("warmup_iterations", NATURAL, "10", "linear warmup"),
     def("lr_decay", Ty::Enum(&["cosine", "linear", "constant"]), "\"cosine\"", "decay after warmup"),
-    def("weight_decay", Ty::Float, "0.1", "AdamW weight decay"),
-    def("adam_beta1", Ty::Float, "0.9", "AdamW beta1"),
-    def("adam_beta2", Ty::Float, "0.95", "AdamW beta2"),
-    def("clip_grad", Ty::Float, "1.0", "gradient-norm clipping"),
-    def("seed", Ty::Int, "1234", "seed of data order and dropout"),
+    def("weight_decay", NON_NEGATIVE, "0.1", "AdamW weight decay"),
+    def("adam_beta1", Ty::FloatIn(0.0, 1.0), "0.9", "AdamW beta1"),
+    def("adam_beta2", Ty::FloatIn(0.0, 1.0), "0.95", "AdamW beta2"),
+    def("clip_grad", NON_NEGATIVE, "1.0", "gradient-norm clipping; 0 turns it off"),
+    def("seed", Ty::IntIn(0, (1 << 31) - 1), "1234", "seed of data order and dropout"),
     def("precision", Ty::Enum(&["auto", "bf16", "fp32"]), "\"auto\"", "bf16 with megatron, fp32 with reference"),
     def("save_interval", Ty::Int, "25", "checkpoint every N iterations"),
     def("log_interval", Ty::Int, "1", "metrics every N iterations"),
@@ -108,6 +108,13 @@ impl Params {
             ("eval_interval", self.eval_interval),
             ("eval_iters", self.eval_iters),
         ]);
+        if self.min_lr > self.lr {
+            cx.invalid(
+                "min_lr",
+                format!("{} is above lr = {}", self.min_lr, self.lr),
+                "the schedule decays from lr to min_lr: make min_lr at most lr",
+            );
+        }
         let (g, m, dp) = (self.global_batch_size, self.micro_batch_size, self.dp);
         if m > 0 && dp > 0 && g % (m * dp) != 0 {
             cx.invalid(

@@ -26,6 +26,7 @@ pub fn parse_dtype(arg: Option<&str>) -> Result<Option<Dtype>, CkptError> {
         None | Some("keep") => Ok(None),
         Some("float32") | Some("fp32") => Ok(Some(Dtype::F32)),
         Some("bfloat16") | Some("bf16") => Ok(Some(Dtype::BF16)),
+        Some("float16") | Some("fp16") => Ok(Some(Dtype::F16)),
         Some(other) => Err(CkptError::DtypeArg { value: other.into() }),
     }
 }

@@ -142,6 +142,30 @@ fn dtype_conversion_round_trips_through_float32() {
 }
 
 #[test]
+fn float16_shards_hold_each_value_rounded_to_float16() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = tmp.path().join("hf");
+    presets::write(&presets::preset("llama-tiny").unwrap(), &hf, 3).unwrap();
+    let (f16s, back) = (tmp.path().join("f16"), tmp.path().join("back"));
+    convert(&hf, &f16s, 2, 1, mflow_ckpt::convert::parse_dtype(Some("float16")).unwrap()).unwrap();
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f16s.join("mflow-checkpoint.json")).unwrap()).unwrap();
+    assert_eq!(m["dtype"], "float16");
+    export(&f16s, &back).unwrap();
+    let (orig, got) = (tensors(&hf), tensors(&back));
+    assert_eq!(orig.keys().collect::<Vec<_>>(), got.keys().collect::<Vec<_>>());
+    for (name, (dtype, shape, bytes)) in &orig {
+        assert_eq!(dtype, "F32", "{name}: the preset is float32");
+        let (dtype16, shape16, bytes16) = &got[name];
+        assert_eq!((dtype16.as_str(), shape16), ("F16", shape), "{name}");
+        for (x, y) in bytes.chunks(4).zip(bytes16.chunks(2)) {
+            let x = f32::from_le_bytes(x.try_into().unwrap());
+            assert_eq!(half::f16::from_f32(x).to_bits(), u16::from_le_bytes([y[0], y[1]]), "{name}: {x}");
+        }
+    }
+}
+
+#[test]
 fn presets_are_deterministic_for_a_seed() {
     let tmp = tempfile::tempdir().unwrap();
     let p = presets::preset("llama-tiny").unwrap();

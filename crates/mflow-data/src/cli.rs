@@ -43,8 +43,8 @@ pub struct DatasetArgs {
     /// what to do with a document that is not valid UTF-8
     #[arg(long, value_enum, default_value = "skip")]
     pub on_invalid_utf8: InvalidUtf8,
-    /// worker threads [default: one per core]
-    #[arg(long)]
+    /// worker threads, 1 to 1024 [default: one per core]
+    #[arg(long, value_parser = thread_count)]
     pub threads: Option<usize>,
     /// end-of-document token (string or id) [default: the tokenizer's eos token]
     #[arg(long)]
@@ -56,6 +56,14 @@ pub struct DatasetArgs {
     /// every document with the tokenizer's own `encode`. The ids are the same either way.
     #[arg(long, default_value_t = 64)]
     pub word_memo_mib: u64,
+}
+
+/// Threads beyond the cores only add memos and queues; a thousand is past any machine's use.
+fn thread_count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=1024) => Ok(n),
+        _ => Err(format!("`{s}` is not a number of threads from 1 to 1024")),
+    }
 }
 
 /// Runs the stage: tokenizes the corpus into `--out` and prints a one-line summary.
