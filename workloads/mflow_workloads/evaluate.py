@@ -68,6 +68,8 @@ def main(path: str) -> None:
         )
     p = setup(cfg.tp, world // cfg.tp)
     spec = S.spec_of(manifest)
+    # Every id of every split evaluated, before the model is loaded (SampleSource then skips it).
+    D.check_splits(cfg.data, cfg.splits, spec.vocab_size)
     model = build(spec, p, S.load_rank(cfg.shards, manifest, p.tp_rank), device=device).eval()
     autocast_dtype = torch.bfloat16 if cfg.precision == "bf16" else None
     progress = Progress("evaluate", len(cfg.splits) + len(cfg.prompts), "it", p.rank == 0)

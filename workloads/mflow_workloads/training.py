@@ -1,7 +1,8 @@
 """What the two training engines (reference/ and megatron/) share.
 
 - Inputs: the shards must be converted for the train config's tp and pp, and the dataset's
-  vocabulary must fit the model's.
+  vocabulary must fit the model's: dataset.json's vocab_size, and every token id of the splits
+  read (data.check_splits).
 - The training loop's outer shape (`train`): resume from the newest checkpoint, then per
   iteration the learning rate (schedule.lr_at), one optimizer step, metrics every log_interval,
   validation every eval_interval, a checkpoint every save_interval, at the end, and at the next
@@ -70,6 +71,8 @@ def read_inputs(cfg: TrainConfig) -> tuple[dict[str, Any], S.ModelSpec, dict[str
             f"{cfg.data}/dataset.json: vocab_size {meta['vocab_size']} exceeds the model's {spec.vocab_size}",
             "tokenize the dataset with the model's tokenizer",
         )
+    # Every id of every split either engine reads, once, before the model is built.
+    D.check_splits(cfg.data, D.TRAINING_SPLITS, spec.vocab_size)
     return manifest, spec, meta
 
 

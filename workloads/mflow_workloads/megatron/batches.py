@@ -35,7 +35,8 @@ def build_datasets(cfg: TrainConfig, meta: dict, dp: int):
     dcfg = GPTDatasetConfig(
         random_seed=cfg.seed,
         sequence_length=cfg.seq_length,
-        blend_per_split=[([os.path.join(cfg.data, "train")], None), ([os.path.join(cfg.data, "valid")], None), None],
+        # The prefixes training.read_inputs checked every token id of (data.check_splits).
+        blend_per_split=[*(([os.path.join(cfg.data, s)], None) for s in D.TRAINING_SPLITS), None],
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
