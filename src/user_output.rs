@@ -39,6 +39,34 @@ pub enum OutputError {
     },
 }
 
+impl OutputError {
+    /// Whether the path the user named is what failed (it, or a directory on its way, is
+    /// missing, not a directory, not writable, or a FIFO nobody reads), not the machine.
+    pub fn is_users(&self) -> bool {
+        match self {
+            OutputError::Owned { .. } | OutputError::FileType { .. } => true,
+            OutputError::Io { source, .. } => users_fault(source),
+        }
+    }
+}
+
+/// An error of writing a user-named path that the path itself causes: exit code 2, not 70.
+pub fn users_fault(e: &io::Error) -> bool {
+    use io::ErrorKind as K;
+    matches!(
+        e.kind(),
+        K::NotFound
+            | K::NotADirectory
+            | K::IsADirectory
+            | K::AlreadyExists
+            | K::PermissionDenied
+            | K::ReadOnlyFilesystem
+            | K::InvalidFilename
+    ) || matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENAMETOOLONG | libc::EEXIST | libc::ENOTDIR))
+        // The FIFO without a reader (`open_existing`).
+        || (e.kind() == K::Other && e.raw_os_error().is_none())
+}
+
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> OutputError + '_ {
     move |source| OutputError::Io { path: path.to_path_buf(), source }
 }

@@ -62,13 +62,13 @@ impl CiError {
 impl CiError {
     pub fn exit_code(&self) -> crate::exit::ExitCode {
         match self {
-            CiError::NoRun { .. } | CiError::Condition { .. } | CiError::Schedule { .. } => {
-                crate::exit::ExitCode::Invalid
-            }
-            // A path the user named that mflow refuses to write.
-            CiError::Output(
-                crate::user_output::OutputError::Owned { .. } | crate::user_output::OutputError::FileType { .. },
-            ) => crate::exit::ExitCode::Invalid,
+            // The run named is missing or its record is unreadable: nothing mflow got wrong.
+            CiError::NoRun { .. }
+            | CiError::DamagedRun { .. }
+            | CiError::Condition { .. }
+            | CiError::Schedule { .. } => crate::exit::ExitCode::Invalid,
+            // A path the user named that mflow refuses, or cannot, write.
+            CiError::Output(e) if e.is_users() => crate::exit::ExitCode::Invalid,
             _ => crate::exit::ExitCode::Internal,
         }
     }

@@ -40,7 +40,9 @@ impl CiReporter {
             Output::Junit(path) => {
                 self.owned.check(path)?;
                 if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(parent).map_err(|e| CiError::write(parent, e))?;
+                    std::fs::create_dir_all(parent).map_err(|e| {
+                        CiError::Output(crate::user_output::OutputError::Io { path: parent.to_path_buf(), source: e })
+                    })?;
                 }
                 Ok(crate::user_output::write(path, super::junit::render(run).as_bytes(), &self.owned)?)
             }

@@ -192,7 +192,13 @@ fn copy_output(dir: &Path, m: &crate::cache::Manifest, to: &Path) -> Result<(), 
     if to.symlink_metadata().is_ok() {
         return Err(Error::usage(format!("{} exists", to.display()), "copy into a directory that does not exist yet"));
     }
-    let failed = |e: StagingError| Error::io(&e.path, e.source);
+    let failed = |e: StagingError| match crate::user_output::users_fault(&e.source) {
+        true => Error::usage(
+            format!("cannot write {}: {}", e.path.display(), e.source),
+            "name a new directory inside one that exists and is writable",
+        ),
+        false => Error::io(&e.path, e.source),
+    };
     let staging = Staging::create(to).map_err(failed)?;
     for f in &m.files {
         let rel = outside::relative(&f.path).ok_or_else(|| {

@@ -21,7 +21,15 @@ impl WorkdirArgs {
     /// Every workdir these arguments stand for (one, unless found by looking for specs).
     pub fn resolve(&self, p: &Printer) -> Result<Vec<Workdir>, Error> {
         if let Some(w) = &self.workdir {
-            return Ok(vec![Workdir::new(w)]);
+            // Every command here reads a workdir's records: a path that holds none is a mistake.
+            return match crate::workdir::inspect(w) {
+                Ok(crate::workdir::Found::Missing) => Err(Error::usage(
+                    format!("there is no workdir at {}", w.display()),
+                    "pass the workdir of a spec that has run (`.mflow` beside it unless the spec says otherwise), or --spec SPEC",
+                )),
+                Ok(_) => Ok(vec![Workdir::new(w)]),
+                Err(refusal) => Err(Error::usage(format!("--workdir: {}", refusal.reason), refusal.help)),
+            };
         }
         if let Some(spec) = &self.spec {
             return Ok(vec![crate::spec::load(spec, &[])?.workdir()]);

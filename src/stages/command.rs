@@ -21,6 +21,13 @@ impl Params {
         if self.run.is_empty() {
             cx.invalid("run", "is empty", "give the program and its arguments, e.g. run = [\"python3\", \"step.py\"]");
         }
+        if let Some(i) = self.run.iter().position(|a| a.contains('\0')) {
+            cx.invalid(
+                "run",
+                format!("argument {i} holds a NUL byte"),
+                "no program can be given an argument with a NUL byte in it",
+            );
+        }
     }
 
     pub fn job(&self, cx: &JobContext<'_>) -> JobPlan {

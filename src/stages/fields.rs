@@ -13,7 +13,7 @@ pub const RETRY: &[Field] = &[
 pub const RESOURCES: &[Field] = &[
     def("gpus", Ty::Int, "0", "GPUs per node; handed out as disjoint CUDA_VISIBLE_DEVICES sets"),
     def("cpus", Ty::Float, "1", "CPU cores the stage occupies in the local scheduler"),
-    opt("memory", Ty::Str, "memory request on Kubernetes, e.g. \"16Gi\""),
+    opt("memory", Ty::Checked(memory), "memory request on Kubernetes, e.g. \"16Gi\""),
 ];
 
 /// The driver Job of a run started outside the cluster (`mflow run` where /mflow is not mounted).
@@ -44,13 +44,13 @@ pub const KUBERNETES: &[Field] = &[
     def("pvc", Ty::Str, "\"mflow-artifacts\"", "RWX PersistentVolumeClaim holding artifacts, mounted at /mflow"),
     def(
         "image",
-        Ty::Str,
+        Ty::Checked(image),
         concat!("\"", crate::image_repo!(), "-cpu:", env!("CARGO_PKG_VERSION"), "\""),
         "image with mflow for CPU stages (mflow's own, of this version)",
     ),
     def(
         "train_image",
-        Ty::Str,
+        Ty::Checked(image),
         concat!("\"", crate::image_repo!(), ":", env!("CARGO_PKG_VERSION"), "\""),
         "image for GPU stages: torch and megatron-core (mflow's own, of this version)",
     ),
@@ -108,7 +108,7 @@ pub const COMMON: &[Field] = &[
     def("salt", Ty::Str, "\"\"", "any text; changing it invalidates the cache entry"),
     def("gates", Ty::StrMap, "{}", "conditions on metrics.json, e.g. val_ppl = \"< 40\""),
     def("nodes", Ty::IntIn(1, 65536), "1", "nodes (Kubernetes); train and evaluate split their ranks evenly over them"),
-    opt("image", Ty::Str, "container image (Kubernetes)"),
+    opt("image", Ty::Checked(image), "container image (Kubernetes)"),
 ];
 
 /// A name the API server would refuse is refused when the spec is read (`render`, `plan`),
@@ -137,4 +137,31 @@ fn webhook(url: &str) -> Option<(String, String)> {
         )),
         Err(e) => Some((format!("not a URL ({e})"), "write the URL as https://HOST/PATH".into())),
     }
+}
+
+/// A Kubernetes quantity of memory above zero: digits, then a binary (Ki ... Ei) or decimal
+/// (k, M ... E) suffix or an exponent, as the API server reads it.
+fn memory(q: &str) -> Option<(String, String)> {
+    let digits = q.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(q.len());
+    let (number, suffix) = q.split_at(digits);
+    let suffix_ok = matches!(suffix, "" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" | "k" | "M" | "G" | "T" | "P" | "E")
+        || suffix.strip_prefix(['e', 'E']).is_some_and(|x| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit()));
+    match number.parse::<f64>() {
+        Ok(n) if suffix_ok && n > 0.0 => None,
+        _ => Some((
+            format!("`{}` is not a quantity of memory", crate::spec::error::excerpt(q)),
+            "write a number with a unit, e.g. \"16Gi\" or \"512Mi\"".into(),
+        )),
+    }
+}
+
+/// An image reference a container runtime could pull: not empty, no spaces or control bytes.
+fn image(r: &str) -> Option<(String, String)> {
+    let bad = r.is_empty() || r.chars().any(|c| c.is_whitespace() || c.is_control());
+    bad.then(|| {
+        (
+            format!("`{}` is not an image reference", crate::spec::error::excerpt(r)),
+            "write REGISTRY/REPOSITORY:TAG, e.g. ghcr.io/org/image:1.0".into(),
+        )
+    })
 }

@@ -178,9 +178,24 @@ pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
         .collect::<Result<_, CkptError>>()?;
     let weights_label = label.display().to_string();
     let mut sources = Sources::default();
+    let embedding = hf_tensors(&shape).into_iter().next().map(|(_, s)| s);
     for (i, f) in opened.iter().enumerate() {
-        for name in f.header.tensors.keys() {
+        for (name, meta) in &f.header.tensors {
             if ignorable(&shape, name) {
+                // A tied output layer is the embedding, as transformers loads it; one saved all
+                // the same must at least be the embedding's shape, or the file is not this model.
+                if name == "lm_head.weight" && embedding.as_ref().is_some_and(|e| *e != meta.shape) {
+                    return Err(CkptError::Shape {
+                        file: f.path.display().to_string(),
+                        tensor: name.clone(),
+                        found: meta.shape.clone(),
+                        expected: embedding.unwrap_or_default(),
+                        reason: format!(
+                            "the embedding it is tied to (tie_word_embeddings in {})",
+                            dir.join("config.json").display()
+                        ),
+                    });
+                }
                 continue;
             }
             let key = canonical(&shape, name);

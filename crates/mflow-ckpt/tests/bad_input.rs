@@ -392,3 +392,25 @@ fn a_rank_listed_twice_in_a_shards_manifest_is_refused() {
         "{out}"
     );
 }
+
+#[test]
+fn tied_output_layer_of_another_shape() {
+    let (tmp, dir) = model();
+    edit_config(&dir, |c| {
+        c.insert("tie_word_embeddings".into(), true.into());
+    });
+    // An `lm_head.weight` of 4 values appended after the data.
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let data = bytes.len() - 8 - n;
+    edit_header(&dir, |h| {
+        h.insert(
+            "lm_head.weight".into(),
+            serde_json::json!({"dtype": "F32", "shape": [4], "data_offsets": [data, data + 16]}),
+        );
+    });
+    let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+    std::io::Write::write_all(&mut f, &[0u8; 16]).unwrap();
+    insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 1));
+}

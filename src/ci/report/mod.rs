@@ -107,7 +107,12 @@ pub fn write(
         Out::Record(p) => p.clone(),
     };
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| CiError::write(parent, e))?;
+        std::fs::create_dir_all(parent).map_err(|e| match &out {
+            Out::User(..) => {
+                CiError::Output(crate::user_output::OutputError::Io { path: parent.to_path_buf(), source: e })
+            }
+            Out::Record(_) => CiError::write(parent, e),
+        })?;
     }
     match out {
         Out::User(p, owned) => crate::user_output::write(p, page.as_bytes(), owned)?,
@@ -115,7 +120,8 @@ pub fn write(
     }
     let mut pngs = Vec::new();
     if let Some((dir, owned)) = png_dir {
-        std::fs::create_dir_all(dir).map_err(|e| CiError::write(dir, e))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| CiError::Output(crate::user_output::OutputError::Io { path: dir.to_path_buf(), source: e }))?;
         let fonts = plots::system_fonts();
         for c in &charts {
             let p = dir.join(format!("{}.png", c.name));
