@@ -45,6 +45,7 @@ pub const DIAGNOSTICS: &[(&str, &str, &str)] = &[
     ("mflow::ckpt::memory_budget", "MFLOW_MEMORY_BUDGET = {} is not an amount of memory", "set it to a number of bytes, with a unit if you like (512MiB, 64GiB), or unset it for half of this machine's memory"),
     ("mflow::ckpt::missing_tensor", "{file}: tensor `{}` is missing", "the weights do not match config.json; the checkpoint is incomplete or of another architecture"),
     ("mflow::ckpt::no_weights", "{dir}: no model.safetensors or model.safetensors.index.json", "the model directory must hold safetensors weights"),
+    ("mflow::ckpt::not_shards", "{dir}: a Hugging Face model, not mflow shards (no mflow-checkpoint.json): export reads shards", "convert it first (`mflow convert DIR OUT --tp 1`), or point at a convert or train stage's output"),
     ("mflow::ckpt::parallelism", "{field} = {value} is not divisible by {by} = {divisor}", "depends on the case; the message gives it"),
     ("mflow::ckpt::pickle", "{file}: pickle checkpoints are refused", "convert the model to safetensors first (e.g. with transformers' save_pretrained(safe_serialization=True)); pickle files can run arbitrary code"),
     ("mflow::ckpt::safetensors::duplicate", "{file}: tensor `{}` is listed twice in the header", "the header is ambiguous (which entry holds the weights?); write the file again"),

@@ -103,7 +103,11 @@ fn write_shards(
 /// Exports a shards directory back to a Hugging Face model directory.
 pub fn export(src: &Path, dst: &Path) -> Result<(), CkptError> {
     if !src.join(MANIFEST).exists() {
-        return Err(CkptError::UnknownDir { dir: src.display().to_string() });
+        let dir = src.display().to_string();
+        return Err(match src.join(HF_CONFIG).exists() {
+            true => CkptError::NotShards { dir },
+            false => CkptError::UnknownDir { dir },
+        });
     }
     let mut sh = shards::open(src, Then::Export)?;
     let shape = &sh.manifest.model.shape;

@@ -48,6 +48,13 @@ pub enum CkptError {
     )]
     UnknownDir { dir: String },
 
+    #[error("{dir}: a Hugging Face model, not mflow shards (no mflow-checkpoint.json): export reads shards")]
+    #[diagnostic(
+        code(mflow::ckpt::not_shards),
+        help("convert it first (`mflow convert DIR OUT --tp 1`), or point at a convert or train stage's output")
+    )]
+    NotShards { dir: String },
+
     #[error("{file}: pickle checkpoints are refused")]
     #[diagnostic(code(mflow::ckpt::pickle), help("convert the model to safetensors first (e.g. with transformers' save_pretrained(safe_serialization=True)); pickle files can run arbitrary code"))]
     Pickle { file: String },
