@@ -42,12 +42,12 @@ pub struct ConvertArgs {
     /// The directory to write the shards into (created; must not exist).
     pub dst: PathBuf,
     /// Tensor-parallel size of the shards.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub tp: u32,
     /// Pipeline-parallel size of the shards.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub pp: u32,
-    /// keep (default), float32, bfloat16
+    /// keep (default), float32, bfloat16, float16
     #[arg(long)]
     pub dtype: Option<String>,
 }
