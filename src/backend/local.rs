@@ -284,10 +284,11 @@ fn classify(reported: Option<(FailureClass, String)>, program: &str, status: std
         return Outcome::Failed { class, message };
     }
     if let Some(sig) = status.signal() {
-        let (class, why) = match sig {
-            libc::SIGKILL => (FailureClass::Oom, "killed by SIGKILL (likely out of memory)"),
-            libc::SIGTERM | libc::SIGHUP | libc::SIGINT => (FailureClass::Infra, "terminated by a signal from outside"),
-            _ => (FailureClass::User, "crashed"),
+        let class = FailureClass::of_signal(sig);
+        let why = match class {
+            FailureClass::Oom => "killed by SIGKILL (likely out of memory)",
+            FailureClass::Infra => "terminated by a signal from outside",
+            _ => "crashed",
         };
         return Outcome::Failed { class, message: format!("`{program}` {why} (signal {sig})") };
     }

@@ -58,10 +58,10 @@ pub fn main(cli: Cli) -> Result<ExitCode, Error> {
         Command::Explain { code } => tools::explain(&code, &p),
         Command::Completions { shell } => complete::completions(shell),
         Command::Man => complete::man(&p),
-        Command::Model(a) => tools::native(mflow_ckpt::cli::model(&a)),
-        Command::Convert(a) => tools::native(mflow_ckpt::cli::convert(&a)),
-        Command::Export(a) => tools::native(mflow_ckpt::cli::export(&a)),
-        Command::Dataset(a) => tools::native(mflow_data::cli::run(&a)),
+        Command::Model(a) => tools::native(|| mflow_ckpt::cli::model(&a)),
+        Command::Convert(a) => tools::native(|| mflow_ckpt::cli::convert(&a)),
+        Command::Export(a) => tools::native(|| mflow_ckpt::cli::export(&a)),
+        Command::Dataset(a) => tools::native(|| mflow_data::cli::run(&a)),
     }
 }
 

@@ -4,6 +4,7 @@ use super::Printer;
 use crate::env::Environment;
 use crate::exit::ExitCode;
 use crate::Error;
+use mflow_contract::record::RunStatus;
 use mflow_contract::FailureClass;
 
 pub fn env(p: &Printer) -> Result<ExitCode, Error> {
@@ -39,19 +40,61 @@ pub fn exit_codes(p: &Printer) -> Result<ExitCode, Error> {
 /// The native stage commands report their own diagnostics. A failure gets its class by the rule
 /// every stage follows (docs/exit-codes.md), said in the stage's status file, where the engine
 /// reads it: a Hub that answers 503 or refuses the connection is retried by `on = ["infra"]`.
-pub fn native(r: miette::Result<()>) -> Result<ExitCode, Error> {
-    let Err(report) = r else { return Ok(ExitCode::Success) };
+/// A signal that stops mflow removes what the command was writing ([`remove_staging_on_signals`]).
+pub fn native(command: impl FnOnce() -> miette::Result<()>) -> Result<ExitCode, Error> {
+    remove_staging_on_signals();
+    let Err(report) = command() else { return Ok(ExitCode::Success) };
     crate::errln!("{report:?}");
     let class = native_class(&report);
+    report_status(class, &report.to_string());
+    Ok(if class == FailureClass::Infra { ExitCode::Infra } else { ExitCode::StageFailed })
+}
+
+/// For a command that writes an output directory through a staging directory
+/// (`mflow_untrusted::staging`): from now on, the signals that stop `mflow run` stop it the same
+/// way and with the same exit code, 130 for SIGINT and 143 for the others (docs/exit-codes.md),
+/// after removing its staging directories; the destination stays as it was. As a stage, it says
+/// in its status file the class the engine gives a stage such a signal ends.
+pub(super) fn remove_staging_on_signals() {
+    let installed = crate::exec::signals::on_first(|caught| {
+        let removed = mflow_untrusted::staging::remove_all();
+        let (status, what) = match caught.level {
+            crate::backend::Cancel::Graceful => (RunStatus::Cancelled, "cancelled"),
+            _ => (RunStatus::Interrupted, "interrupted"),
+        };
+        let names: Vec<String> = removed.iter().map(|d| d.display().to_string()).collect();
+        let removed = match names.is_empty() {
+            true => String::new(),
+            false => format!(": the output was not written; removed {}", names.join(", ")),
+        };
+        crate::errln!("mflow: {what} ({}){removed}", caught.name);
+        report_status(FailureClass::of_signal(caught.number), &format!("{what} by {}", caught.name));
+        exit_now(ExitCode::for_ending(status, &[]))
+    });
+    if let Err(e) = installed {
+        tracing::warn!("signals are not caught: an interrupted command leaves its staging directory: {e}");
+    }
+}
+
+/// Says the class of the failure in the stage's status file, when run as a stage.
+fn report_status(class: FailureClass, message: &str) {
     if let Some(path) = std::env::var_os(mflow_contract::vars::STATUS) {
         let status = mflow_contract::workload::StatusReport {
             class: Some(class),
-            message: Some(crate::spec::error::excerpt_of(&report.to_string(), crate::spec::error::MAX_QUOTE)),
+            message: Some(crate::spec::error::excerpt_of(message, crate::spec::error::MAX_QUOTE)),
             ..Default::default()
         };
         let _ = crate::record::write_json(std::path::Path::new(&path), &status);
     }
-    Ok(if class == FailureClass::Infra { ExitCode::Infra } else { ExitCode::StageFailed })
+}
+
+/// Ends the process now, from any thread, whatever the others are doing (as `main` ends it).
+fn exit_now(code: ExitCode) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: the process ends here; both standard streams are flushed above.
+    unsafe { libc::_exit(code.code()) }
 }
 
 /// The class of a native command's failure: an HTTP answer by its status, a connection that

@@ -6,7 +6,7 @@
 mod frontier;
 mod progress;
 pub mod retry;
-mod signals;
+pub(crate) mod signals;
 mod stage;
 
 use std::collections::BTreeMap;

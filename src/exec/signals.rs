@@ -7,6 +7,9 @@
 //! interrupted, because that is what a pod running mflow hears when it is evicted or drained,
 //! and what a batch system sends when a limit is reached. A second signal of either kind kills
 //! local stage processes at once. None of them ends mflow before its record is written.
+//!
+//! A command that writes an output directory on its own ([`on_first`]) hears the same signals
+//! with the same levels: the first removes what it was writing and ends it, 130 or 143.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,27 +33,64 @@ const INTERRUPTING: [(libc::c_int, &str); 10] = [
     (libc::SIGPROF, "SIGPROF"),
 ];
 
+/// A signal that arrived, with the cancel level it asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caught {
+    pub level: Cancel,
+    pub name: &'static str,
+    pub number: libc::c_int,
+}
+
+/// Every signal that stops mflow: SIGINT, which cancels, then those that interrupt.
+fn stopping() -> impl Iterator<Item = (libc::c_int, &'static str)> {
+    std::iter::once((libc::SIGINT, "SIGINT")).chain(INTERRUPTING)
+}
+
+/// Signals caught from the moment it is made until it is dropped, as they arrive.
+struct Listening {
+    rx: mpsc::UnboundedReceiver<Caught>,
+    listeners: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Listening {
+    /// Catches `signals` now (their handlers are installed before this returns); needs a runtime.
+    fn start(signals: impl Iterator<Item = (libc::c_int, &'static str)>) -> Listening {
+        let (tx, rx) = mpsc::unbounded_channel::<Caught>();
+        let mut listeners = vec![];
+        for (number, name) in signals {
+            // A signal that cannot be caught here is left at its default.
+            let Ok(mut stream) = signal(SignalKind::from_raw(number)) else { continue };
+            let level = if number == libc::SIGINT { Cancel::Graceful } else { Cancel::Detach };
+            let tx = tx.clone();
+            listeners.push(tokio::spawn(async move {
+                while stream.recv().await.is_some() {
+                    if tx.send(Caught { level, name, number }).is_err() {
+                        return;
+                    }
+                }
+            }));
+        }
+        Listening { rx, listeners }
+    }
+
+    async fn next(&mut self) -> Option<Caught> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        for l in &self.listeners {
+            l.abort();
+        }
+    }
+}
+
 /// Turns signals into cancel levels for every running attempt; returns after the second.
 pub(super) async fn stop_on_signals(cancel: watch::Sender<Cancel>, interrupted: Arc<AtomicBool>) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Cancel, &'static str)>();
-    let mut listeners = vec![];
-    let all = std::iter::once((libc::SIGINT, "SIGINT")).chain(INTERRUPTING);
-    for (number, name) in all {
-        // A signal that cannot be caught here is left at its default.
-        let Ok(mut stream) = signal(SignalKind::from_raw(number)) else { continue };
-        let level = if number == libc::SIGINT { Cancel::Graceful } else { Cancel::Detach };
-        let tx = tx.clone();
-        listeners.push(tokio::spawn(async move {
-            while stream.recv().await.is_some() {
-                if tx.send((level, name)).is_err() {
-                    return;
-                }
-            }
-        }));
-    }
-    drop(tx);
+    let mut signals = Listening::start(stopping());
     for count in 1..=2 {
-        let Some((level, name)) = rx.recv().await else { break };
+        let Some(Caught { level, name, .. }) = signals.next().await else { break };
         let (level, say) = match (count, level) {
             (1, Cancel::Detach) => (
                 level,
@@ -65,9 +105,35 @@ pub(super) async fn stop_on_signals(cancel: watch::Sender<Cancel>, interrupted: 
         say_once(&say);
         let _ = cancel.send(level);
     }
-    for l in listeners {
-        l.abort();
-    }
+}
+
+/// For a command that runs no stages and writes an output (`mflow model`, `convert`, `export`,
+/// `dataset`, `output --download`): the signals that stop `mflow run` are caught from now on,
+/// with the same levels, and the first calls `stop` on a thread of its own while the command
+/// goes on; `stop` ends the process. A signal the process was started ignoring (`nohup`, a
+/// background job of a script) stays ignored.
+pub(crate) fn on_first(stop: impl FnOnce(Caught) + Send + 'static) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut signals = {
+        let _in = rt.enter();
+        Listening::start(stopping().filter(|(number, _)| !ignored(*number)))
+    };
+    std::thread::Builder::new().name("mflow-signals".into()).spawn(move || {
+        rt.block_on(async move {
+            if let Some(caught) = signals.next().await {
+                stop(caught);
+            }
+        })
+    })?;
+    Ok(())
+}
+
+/// Whether the signal's disposition is SIG_IGN.
+fn ignored(number: libc::c_int) -> bool {
+    // SAFETY: sigaction(2) with no new action only reads the current one into `old`.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    let read = unsafe { libc::sigaction(number, std::ptr::null(), &mut old) };
+    read == 0 && old.sa_sigaction == libc::SIG_IGN
 }
 
 /// After a hangup the terminal is gone: a failed write keeps neither the stages from being

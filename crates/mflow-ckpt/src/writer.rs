@@ -275,11 +275,12 @@ pub fn non_empty(pieces: Vec<Piece>) -> Vec<Piece> {
 }
 
 /// A directory next to the destination that becomes the destination on [`Staging::commit`] and
-/// is removed if dropped before that.
+/// is removed if dropped before that: the one every command that writes an output directory
+/// uses ([`mflow_untrusted::staging`]), which also removes what killed processes left beside
+/// the destination, and what is being written when the process is asked to stop.
 pub struct Staging {
     pub dir: PathBuf,
-    dst: PathBuf,
-    committed: bool,
+    inner: mflow_untrusted::staging::Staging,
 }
 
 impl Staging {
@@ -290,52 +291,19 @@ impl Staging {
                 return Err(CkptError::DestinationExists { path: dst.display().to_string() });
             }
         }
-        let name = dst.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
-        let parent = dst.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::create_dir_all(parent).map_err(io(parent))?;
-        remove_abandoned(parent, &name);
-        let dir = parent.join(format!(".{name}.staging-{}", std::process::id()));
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
-        }
-        std::fs::create_dir(&dir).map_err(io(&dir))?;
-        Ok(Staging { dir, dst: dst.to_path_buf(), committed: false })
+        let inner = mflow_untrusted::staging::Staging::create(dst).map_err(staging_error)?;
+        Ok(Staging { dir: inner.path().to_path_buf(), inner })
     }
 
-    pub fn commit(mut self) -> Result<(), CkptError> {
-        if self.dst.is_dir() {
-            // An empty directory handed to us by the engine; replace it.
-            std::fs::remove_dir(&self.dst).map_err(io(&self.dst))?;
-        }
-        std::fs::rename(&self.dir, &self.dst).map_err(io(&self.dst))?;
-        self.committed = true;
-        Ok(())
+    /// Renames the staging directory onto the destination (an empty directory there, handed to
+    /// us by the engine, is replaced).
+    pub fn commit(self) -> Result<(), CkptError> {
+        self.inner.commit().map_err(staging_error)
     }
 }
 
-/// Removes staging directories for `name` left by processes that were killed (their pid is
-/// gone), so interrupted runs do not pile up next to the destination.
-fn remove_abandoned(parent: &Path, name: &str) {
-    if !Path::new("/proc/self").exists() {
-        return; // no way to tell live processes from dead ones here
-    }
-    let prefix = format!(".{name}.staging-");
-    let Ok(entries) = std::fs::read_dir(parent) else { return };
-    for e in entries.flatten() {
-        let file = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = file.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
+fn staging_error(e: mflow_untrusted::staging::StagingError) -> CkptError {
+    CkptError::Io { path: e.path.display().to_string(), source: e.source }
 }
 
 #[cfg(test)]

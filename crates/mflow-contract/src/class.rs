@@ -119,6 +119,17 @@ impl FailureClass {
         }
     }
 
+    /// The class of a process that a signal ended: SIGKILL is the kernel's OOM killer's (`oom`);
+    /// SIGTERM, SIGHUP or SIGINT from outside (a node drained, a terminal closed) may pass
+    /// (`infra`); any other is a crash (`user`).
+    pub fn of_signal(signal: i32) -> FailureClass {
+        match signal {
+            libc::SIGKILL => FailureClass::Oom,
+            libc::SIGTERM | libc::SIGHUP | libc::SIGINT => FailureClass::Infra,
+            _ => FailureClass::User,
+        }
+    }
+
     /// The class of an HTTP answer: a server that is down, overloaded or asks to wait (5xx,
     /// 408, 429) is `infra`; any other refusal (a wrong name, revision or token) is `user`.
     pub fn of_http_status(status: u16) -> FailureClass {

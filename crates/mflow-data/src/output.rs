@@ -21,58 +21,36 @@ pub enum OutputError {
     Io { path: PathBuf, source: std::io::Error },
 }
 
+/// The staging directory every command that writes an output directory uses
+/// ([`mflow_untrusted::staging`]): it also removes what killed processes left beside the
+/// destination, and what is being written when the process is asked to stop.
 pub struct Staging {
-    dir: PathBuf,
+    staged: mflow_untrusted::staging::Staging,
     dest: PathBuf,
-    committed: bool,
 }
 
 impl Staging {
     /// Creates `.<name>.staging-<pid>` next to `dest` (creating `dest`'s parents).
     pub fn create(dest: &Path) -> Result<Staging, OutputError> {
         check_free(dest)?;
-        let io = |source| OutputError::Io { path: dest.to_path_buf(), source };
-        let name = dest.file_name().ok_or_else(|| io(std::io::Error::other("the path has no file name")))?;
-        let parent = match dest.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        std::fs::create_dir_all(&parent).map_err(io)?;
-        let mut staged = std::ffi::OsString::from(".");
-        staged.push(name);
-        staged.push(format!(".staging-{}", std::process::id()));
-        let dir = parent.join(staged);
-        if dir.exists() {
-            // left by an earlier process with the same id that was killed
-            std::fs::remove_dir_all(&dir).map_err(io)?;
-        }
-        std::fs::create_dir(&dir).map_err(io)?;
-        Ok(Staging { dir, dest: dest.to_path_buf(), committed: false })
+        let staged = mflow_untrusted::staging::Staging::create(dest).map_err(io_error)?;
+        Ok(Staging { staged, dest: dest.to_path_buf() })
     }
 
     pub fn path(&self) -> &Path {
-        &self.dir
+        self.staged.path()
     }
 
-    /// Moves the staged directory to its destination.
-    pub fn commit(mut self) -> Result<(), OutputError> {
+    /// Moves the staged directory to its destination (replacing an empty directory prepared by
+    /// the caller: mflow's stage output).
+    pub fn commit(self) -> Result<(), OutputError> {
         check_free(&self.dest)?;
-        if self.dest.is_dir() {
-            // an empty directory prepared by the caller (mflow's stage output) is replaced
-            std::fs::remove_dir(&self.dest).map_err(|source| OutputError::Io { path: self.dest.clone(), source })?;
-        }
-        std::fs::rename(&self.dir, &self.dest).map_err(|source| OutputError::Io { path: self.dest.clone(), source })?;
-        self.committed = true;
-        Ok(())
+        self.staged.commit().map_err(io_error)
     }
 }
 
-impl Drop for Staging {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
+fn io_error(e: mflow_untrusted::staging::StagingError) -> OutputError {
+    OutputError::Io { path: e.path, source: e.source }
 }
 
 fn check_free(dest: &Path) -> Result<(), OutputError> {

@@ -13,6 +13,10 @@
 //! process ([`budget`]), asked before the allocation with the document's measured shape
 //! ([`json`]).
 //!
+//! What a killed process left beside an output is someone else's file too: the staging directory
+//! an output is written in, and the sweep of those that dead processes left, are here
+//! ([`staging`]), one copy for every command that writes an output directory.
+//!
 //! The crate depends on nothing of mflow's, so that every crate of the workspace and the fuzz
 //! targets use this one copy.
 
@@ -21,6 +25,7 @@ pub mod budget;
 pub mod counting;
 pub mod git;
 pub mod json;
+pub mod staging;
 pub mod walk;
 
 use std::fs::{File, FileType, OpenOptions};

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
 
+use mflow_untrusted::staging::create_dir_below;
 use serde::Deserialize;
 
 use super::volume::Reader;
@@ -77,9 +78,10 @@ pub fn relative(name: &str) -> Option<PathBuf> {
     (!out.as_os_str().is_empty()).then_some(out)
 }
 
-/// Unpacks a tar stream of the output into `staging`, accepting exactly the listed files with
-/// their sizes and digests, and directories; anything else (a link, a device, a file not
-/// listed, one that differs) fails the download.
+/// Unpacks a tar stream of the output into `staging` (a directory that exists), accepting exactly
+/// the listed files with their sizes and digests, and directories; anything else (a link, a
+/// device, a file not listed, one that differs) fails the download. Directories are made below
+/// `staging`, never `staging` itself: removed on a signal, it is not made again.
 pub fn unpack(
     listed: &Listed,
     staging: &Path,
@@ -89,7 +91,6 @@ pub fn unpack(
     let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
     let mut want: BTreeMap<PathBuf, &crate::cache::FileEntry> =
         listed.files.iter().filter_map(|f| Some((relative(&f.path)?, f))).collect();
-    std::fs::create_dir_all(staging)?;
     let mut archive = tar::Archive::new(stream);
     for entry in archive.entries()? {
         let mut entry = entry?;
@@ -101,7 +102,7 @@ pub fn unpack(
         };
         match entry.header().entry_type() {
             tar::EntryType::Directory => {
-                std::fs::create_dir_all(staging.join(&rel))?;
+                create_dir_below(staging, &rel)?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
                 let Some(f) = want.remove(&rel) else {
@@ -119,8 +120,8 @@ pub fn unpack(
                     )));
                 }
                 let target = staging.join(&rel);
-                if let Some(dir) = target.parent() {
-                    std::fs::create_dir_all(dir)?;
+                if let Some(dir) = rel.parent() {
+                    create_dir_below(staging, dir)?;
                 }
                 let mut w = std::io::BufWriter::new(std::fs::File::create(&target)?);
                 let mut h = blake3::Hasher::new();
@@ -193,12 +194,19 @@ mod tests {
         t.into_inner().unwrap()
     }
 
+    /// A staging directory, as the caller makes it.
+    fn fresh(d: &tempfile::TempDir, name: &str) -> PathBuf {
+        let dir = d.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        dir
+    }
+
     #[test]
     fn the_listed_files_arrive_checked() {
         let d = tempfile::tempdir().unwrap();
         let files: &[(&str, &[u8])] = &[("model.safetensors", b"weights"), ("sub/config.json", b"{}")];
         let mut n = 0;
-        unpack(&listing(files), &d.path().join("out"), &mut &stream(files)[..], |k| n += k).unwrap();
+        unpack(&listing(files), &fresh(&d, "out"), &mut &stream(files)[..], |k| n += k).unwrap();
         assert_eq!(std::fs::read(d.path().join("out/sub/config.json")).unwrap(), b"{}");
         assert_eq!(n, 9);
     }
@@ -214,7 +222,7 @@ mod tests {
             ("size", stream(&[("a", b"aaaa")])),
         ];
         for (what, bytes) in cases {
-            let e = unpack(&listed, &d.path().join(what.replace(' ', "_")), &mut &bytes[..], |_| ()).unwrap_err();
+            let e = unpack(&listed, &fresh(&d, &what.replace(' ', "_")), &mut &bytes[..], |_| ()).unwrap_err();
             assert!(e.to_string().contains(what) || e.to_string().contains("manifest"), "{what}: {e}");
         }
         // A link in the stream is refused, whatever it points at.
@@ -224,7 +232,7 @@ mod tests {
         h.set_size(0);
         t.append_link(&mut h, "a", "/etc/passwd").unwrap();
         let bytes = t.into_inner().unwrap();
-        let e = unpack(&listed, &d.path().join("link"), &mut &bytes[..], |_| ()).unwrap_err();
+        let e = unpack(&listed, &fresh(&d, "link"), &mut &bytes[..], |_| ()).unwrap_err();
         assert!(e.to_string().contains("Symlink"), "{e}");
     }
 

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use super::upload::{self, Bundle};
 use super::volume::VolumePod;
-use super::{download, driver_setting, records, setting, RemoteError};
+use super::{download, driver_setting, setting, RemoteError};
 use crate::exit::ExitCode;
 use crate::plan::Plan;
 
@@ -40,7 +40,12 @@ pub async fn output(
         }
         return Ok(ExitCode::Success);
     };
-    let staging = records::staged_beside(dir);
+    // The staging every command that writes an output directory uses (`mflow_untrusted::staging`):
+    // a signal removes it (`cli::tools::remove_staging_on_signals`).
+    let staging = match mflow_untrusted::staging::Staging::create(dir) {
+        Ok(s) => s,
+        Err(e) => return Ok(fail(RemoteError::Stream { message: format!("cannot create {e}") })),
+    };
     let bar = indicatif::ProgressBar::new(listed.bytes());
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         bar.set_style(
@@ -55,7 +60,7 @@ pub async fn output(
         .sh_into(
             &format!("exec tar -C {} -cf - .", q(&listed.path)),
             None,
-            download::unpacker(listed, staging.clone(), bar.clone()),
+            download::unpacker(listed, staging.path().to_path_buf(), bar.clone()),
         )
         .await;
     bar.finish_and_clear();
@@ -64,12 +69,13 @@ pub async fn output(
         Ok(o) => Err(RemoteError::Receive { message: format!("tar in the volume pod failed: {}", o.stderr) }),
         Err(e) => Err(e),
     };
+    // Dropped uncommitted, the staging directory is removed.
     let placed = got.and_then(|()| {
-        std::fs::rename(&staging, dir)
-            .map_err(|e| RemoteError::Stream { message: format!("cannot move the download to {}: {e}", dir.display()) })
+        staging.commit().map_err(|e| RemoteError::Stream {
+            message: format!("cannot move the download to {}: {}", dir.display(), e.source),
+        })
     });
     if let Err(e) = placed {
-        let _ = std::fs::remove_dir_all(&staging);
         return Ok(fail(e));
     }
     crate::errln!("download: {files} files ({}), each checked against its digest", upload::human(bytes));
