@@ -28,7 +28,9 @@ impl WorkdirArgs {
                     "pass the workdir of a spec that has run (`.mflow` beside it unless the spec says otherwise), or --spec SPEC",
                 )),
                 Ok(_) => Ok(vec![Workdir::new(w)]),
-                Err(refusal) => Err(Error::usage(format!("--workdir: {}", refusal.reason), refusal.help)),
+                Err(refusal) => {
+                    Err(Error::usage(format!("--workdir is not a workdir mflow may use: {}", refusal.reason), refusal.help))
+                }
             };
         }
         if let Some(spec) = &self.spec {

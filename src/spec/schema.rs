@@ -168,40 +168,8 @@ fn check_value(src: &Src, node: &Node, field: &Field, key: &str, errors: &mut Ve
             return None;
         }
         (Ty::Float, Val::Float(_)) => Some(v.to_json()),
-        (Ty::IntIn(lo, hi), Val::Int(i)) => {
-            if (lo..=hi).contains(i) {
-                Some(Json::from(*i))
-            } else {
-                let name = key.rsplit('.').next().unwrap_or(key);
-                errors.push(invalid(
-                    src,
-                    node,
-                    key,
-                    format!("{i} is not {}", int_range(lo, hi)),
-                    format!("set `{name}` to {}", int_range(lo, hi)),
-                ));
-                return None;
-            }
-        }
-        (Ty::FloatIn(lo, below), Val::Int(_) | Val::Float(_)) => {
-            let x = match v {
-                Val::Int(i) => *i as f64,
-                Val::Float(f) => *f,
-                _ => unreachable!("matched above"),
-            };
-            if x >= lo && x < below {
-                Some(Json::from(x))
-            } else {
-                let name = key.rsplit('.').next().unwrap_or(key);
-                errors.push(invalid(
-                    src,
-                    node,
-                    key,
-                    format!("{x} is not {}", float_range(lo, below)),
-                    format!("set `{name}` to {}", float_range(lo, below)),
-                ));
-                return None;
-            }
+        (Ty::IntIn(..) | Ty::FloatIn(..), Val::Int(_) | Val::Float(_)) => {
+            return in_range(src, node, field.ty, key, errors)
         }
         (Ty::Bool, Val::Bool(b)) => Some(Json::Bool(*b)),
         (Ty::StrOrInt, Val::Str(_) | Val::Int(_)) => Some(v.to_json()),
@@ -334,6 +302,27 @@ fn env_ok(src: &Src, entries: &[(super::tree::Key, Node)], key: &str, errors: &m
         }
     }
     errors.len() == before
+}
+
+/// A number of a field with bounds, when it lies inside them.
+fn in_range(src: &Src, node: &Node, ty: Ty, key: &str, errors: &mut Vec<SpecError>) -> Option<Json> {
+    let (ok, words, value) = match (ty, &node.value) {
+        (Ty::IntIn(lo, hi), Val::Int(i)) => ((lo..=hi).contains(i), int_range(lo, hi), Json::from(*i)),
+        (Ty::FloatIn(lo, below), Val::Int(i)) => {
+            (*i as f64 >= lo && (*i as f64) < below, float_range(lo, below), Json::from(*i as f64))
+        }
+        (Ty::FloatIn(lo, below), Val::Float(x)) => (*x >= lo && *x < below, float_range(lo, below), Json::from(*x)),
+        _ => {
+            errors.push(wrong_type(src, node, key, expected(ty)));
+            return None;
+        }
+    };
+    if ok {
+        return Some(value);
+    }
+    let name = key.rsplit('.').next().unwrap_or(key);
+    errors.push(invalid(src, node, key, format!("{value} is not {words}"), format!("set `{name}` to {words}")));
+    None
 }
 
 /// `an integer >= 1`, `an integer from 0 to 9`: what an integer field takes, in words.

@@ -5,63 +5,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
 
-use miette::Diagnostic;
 use serde::{Deserialize, Serialize};
-use thiserror::Error;
+
+mod error;
+mod links;
+
+pub use error::InputError;
+use links::Links;
 
 use crate::cache::{FileStat, OpenDir};
 use mflow_untrusted::walk::WalkError;
-
-#[derive(Debug, Error, Diagnostic)]
-pub enum InputError {
-    #[error("stage `{stage}`: input `{pattern}` matches no file")]
-    #[diagnostic(
-        code(mflow::plan::input_missing),
-        help("check the path; relative paths start at the spec's directory")
-    )]
-    NoMatch { stage: String, pattern: String },
-    #[error("stage `{stage}`: input `{pattern}` leaves the project directory {}", root.display())]
-    #[diagnostic(
-        code(mflow::plan::input_escapes),
-        help("keep relative inputs inside the project, or give an absolute path")
-    )]
-    Escapes { stage: String, pattern: String, root: PathBuf },
-    #[error("stage `{stage}`: input `{}` is a symbolic link to {}, outside the project directory {}", link.display(), target.display(), root.display())]
-    #[diagnostic(
-        code(mflow::plan::input_link_escapes),
-        help("copy the file into the project, or give its absolute path in `inputs` if the stage is meant to read it there")
-    )]
-    LinkEscapes { stage: String, link: PathBuf, target: PathBuf, root: PathBuf },
-    #[error("stage `{stage}`: input `{}` is a symbolic link to {}, outside {}, the directory the input names", link.display(), target.display(), dir.display())]
-    #[diagnostic(code(mflow::plan::input_link_escapes), help("name the files the stage reads themselves, or copy them into {}", dir.display()))]
-    LinkLeaves { stage: String, link: PathBuf, target: PathBuf, dir: PathBuf },
-    #[error("stage `{stage}`: input directory `{}` leads back into itself through a symbolic link", path.display())]
-    #[diagnostic(code(mflow::plan::input_cycle), help("remove the link, or name the files below it in `inputs`"))]
-    Cycle { stage: String, path: PathBuf },
-    #[error("stage `{stage}`: input `{pattern}` {what}")]
-    #[diagnostic(
-        code(mflow::plan::input_too_large),
-        help("name fewer files: a narrower path or glob, or an archive of the directory")
-    )]
-    TooLarge { stage: String, pattern: String, what: String },
-    #[error("stage `{stage}`: input `{pattern}` is inside mflow's workdir {}", workdir.display())]
-    #[diagnostic(
-        code(mflow::plan::input_in_workdir),
-        help("read another stage's result through `stages.NAME.output` in its parameters: the workdir's files change with every run")
-    )]
-    InWorkdir { stage: String, pattern: String, workdir: PathBuf },
-    #[error("stage `{stage}`: invalid input pattern `{pattern}`: {reason}")]
-    #[diagnostic(code(mflow::plan::input_pattern))]
-    Pattern { stage: String, pattern: String, reason: String },
-    #[error("stage `{stage}`: cannot read input {}", path.display())]
-    #[diagnostic(code(mflow::plan::input_io))]
-    Io {
-        stage: String,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 struct Stat {
@@ -187,8 +140,8 @@ impl InputHasher {
             if pattern.is_empty() {
                 return Err(InputError::Pattern {
                     stage: stage.into(),
-                    pattern: pattern.clone(),
-                    reason: "an empty path".into(),
+                    pattern: String::new(),
+                    reason: "empty".into(),
                 });
             }
             if self.volume_elsewhere && p.is_absolute() && p.starts_with(mflow_kube::ARTIFACT_MOUNT) {
@@ -214,15 +167,7 @@ impl InputHasher {
             let mut files = Vec::new();
             let mut add = |entry: &Path, links: &mut Links| -> Result<(), InputError> {
                 if self.in_workdir(entry) {
-                    // A glob over the project passes the workdir by; a path into it is refused.
-                    return match is_glob {
-                        true => Ok(()),
-                        false => Err(InputError::InWorkdir {
-                            stage: stage.into(),
-                            pattern: pattern.clone(),
-                            workdir: self.workdir.clone(),
-                        }),
-                    };
+                    return self.workdir_met(stage, pattern, is_glob);
                 }
                 let known = if explicit {
                     let real = std::fs::canonicalize(entry).ok();
@@ -410,6 +355,18 @@ impl InputHasher {
         Ok(out)
     }
 
+    /// A glob over the project passes the workdir by; a path into it is refused.
+    fn workdir_met(&self, stage: &str, pattern: &str, is_glob: bool) -> Result<(), InputError> {
+        match is_glob {
+            true => Ok(()),
+            false => Err(InputError::InWorkdir {
+                stage: stage.into(),
+                pattern: pattern.into(),
+                workdir: self.workdir.clone(),
+            }),
+        }
+    }
+
     /// Whether a directory met on a walk is the workdir.
     fn is_workdir(&self, m: &FileStat) -> bool {
         m.is_dir && self.workdir_node == Some((m.dev, m.ino))
@@ -438,80 +395,6 @@ impl InputHasher {
             (Some(dir), Ok(rel)) if !rel.as_os_str().is_empty() => dir.stat(rel).ok(),
             _ => std::fs::metadata(path).ok().map(|m| FileStat::from(&m)),
         }
-    }
-}
-
-/// Where the links of one input pattern may lead: into the project (`root`, resolved), or,
-/// for an absolute input outside it, into what the user named (`scope`).
-struct Links<'a> {
-    stage: &'a str,
-    base: &'a Path,
-    root: &'a Path,
-    /// Directories of matched files, resolved (the hasher's, shared across stages).
-    parents: &'a Mutex<HashMap<PathBuf, Option<PathBuf>>>,
-    scope: Option<PathBuf>,
-}
-
-impl Links<'_> {
-    /// A matched path must resolve inside the project, whichever of its components is a link.
-    /// `lstat` is the path's own stat when already taken; a file or directory there (not a
-    /// link) is its stat followed too, and is handed back for the caller to use.
-    fn check_top(&mut self, path: &Path, lstat: Option<FileStat>) -> Result<Option<FileStat>, InputError> {
-        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else { return Ok(None) };
-        let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
-        let plain = lstat.filter(|m| m.is_file || m.is_dir);
-        let in_parent = || {
-            let mut parents = self.parents.lock().unwrap();
-            parents
-                .entry(parent.to_path_buf())
-                .or_insert_with(|| std::fs::canonicalize(parent).ok())
-                .as_ref()
-                .map(|p| p.join(name))
-        };
-        let resolved = if plain.is_some() {
-            in_parent()
-        } else {
-            match std::fs::symlink_metadata(path) {
-                Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).ok(),
-                Ok(_) => in_parent(),
-                Err(_) => None,
-            }
-        };
-        match resolved {
-            Some(target) if !target.starts_with(self.root) => Err(self.escaping_link(path, target)),
-            _ => Ok(plain),
-        }
-    }
-
-    /// A link found while walking a directory input.
-    fn check_link(&self, link: &Path) -> Result<(), InputError> {
-        let Ok(target) = std::fs::canonicalize(link) else { return Ok(()) };
-        if target.starts_with(self.root) || self.scope.as_ref().is_some_and(|s| target.starts_with(s)) {
-            return Ok(());
-        }
-        Err(self.error(link, target))
-    }
-
-    /// The error for `path`, which resolves to `target`: named by its first component that is
-    /// a link leading out of the project.
-    fn escaping_link(&self, path: &Path, target: PathBuf) -> InputError {
-        let from = path.strip_prefix(self.base).map(|_| self.base).unwrap_or(Path::new(""));
-        let mut prefix = from.to_path_buf();
-        for c in path.strip_prefix(from).unwrap_or(path).components() {
-            prefix.push(c);
-            let is_link = std::fs::symlink_metadata(&prefix).is_ok_and(|m| m.file_type().is_symlink());
-            if let Some(t) =
-                is_link.then(|| std::fs::canonicalize(&prefix).ok()).flatten().filter(|t| !t.starts_with(self.root))
-            {
-                return self.error(&prefix, t);
-            }
-        }
-        self.error(path, target)
-    }
-
-    fn error(&self, link: &Path, target: PathBuf) -> InputError {
-        let link = link.strip_prefix(self.base).unwrap_or(link).to_path_buf();
-        InputError::LinkEscapes { stage: self.stage.into(), link, target, root: self.root.to_path_buf() }
     }
 }
 
