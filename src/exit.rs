@@ -3,6 +3,17 @@
 
 pub use mflow_contract::exit::{markdown, text, ExitCode, TABLE};
 
+/// Ends the process with `code`, from any thread, after flushing the standard streams and
+/// without the allocator's teardown: the kernel frees the heap at once, while mimalloc's exit
+/// handler walked and returned every page first (7% of a large no-op run).
+pub fn now(code: ExitCode) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: nothing is left to run; both standard streams are flushed above.
+    unsafe { libc::_exit(code.code()) }
+}
+
 /// The exit code of a command stopped by the cluster before anything ran, the same for every
 /// command (run, runs, status, logs, report, output, attach, cancel, run --dry-run): what the
 /// user must fix (the kubeconfig, its context, rejected credentials, an untrusted server

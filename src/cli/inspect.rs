@@ -64,10 +64,8 @@ pub fn why(a: WhyArgs, p: &Printer) -> Result<ExitCode, Error> {
 }
 
 pub fn validate(a: SpecArgs, p: &Printer) -> Result<ExitCode, Error> {
-    let checked = spec::load(&a.spec, &a.set).map_err(Error::from).and_then(|s| match plan::check(&s) {
-        Ok(()) => Ok(s),
-        Err(e) => Err(Error::from(e)),
-    });
+    let checked =
+        spec::load(&a.spec, &a.set).map_err(Error::from).and_then(|s| plan::check(&s).map(|()| s).map_err(Error::from));
     let s = match checked {
         Ok(s) => s,
         Err(e) if p.json() => {

@@ -69,7 +69,7 @@ pub(super) fn remove_staging_on_signals() {
         };
         crate::errln!("mflow: {what} ({}){removed}", caught.name);
         report_status(FailureClass::of_signal(caught.number), &format!("{what} by {}", caught.name));
-        exit_now(ExitCode::for_ending(status, &[]))
+        crate::exit::now(ExitCode::for_ending(status, &[]))
     });
     if let Err(e) = installed {
         tracing::warn!("signals are not caught: an interrupted command leaves its staging directory: {e}");
@@ -86,15 +86,6 @@ fn report_status(class: FailureClass, message: &str) {
         };
         let _ = crate::record::write_json(std::path::Path::new(&path), &status);
     }
-}
-
-/// Ends the process now, from any thread, whatever the others are doing (as `main` ends it).
-fn exit_now(code: ExitCode) -> ! {
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    let _ = std::io::stderr().flush();
-    // SAFETY: the process ends here; both standard streams are flushed above.
-    unsafe { libc::_exit(code.code()) }
 }
 
 /// The class of a native command's failure: an HTTP answer by its status, a connection that

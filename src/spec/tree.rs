@@ -151,7 +151,8 @@ pub fn parse_override(text: &str, origin: &str) -> Result<Node, String> {
         Ok(v) => strip(v.into_inner()),
         Err(_) => Val::Str(text.to_string()),
     };
-    if let Some((_, digits)) = out_of_range(&Node { origin: origin.clone(), value: value.clone() }) {
+    let node = Node { origin: origin.clone(), value };
+    if let Some((_, digits)) = out_of_range(&node) {
         return Err(too_large(&digits));
     }
     fn reorigin(mut n: Node, o: &Origin) -> Node {
@@ -170,7 +171,7 @@ pub fn parse_override(text: &str, origin: &str) -> Result<Node, String> {
         };
         n
     }
-    Ok(reorigin(Node { origin: origin.clone(), value }, &origin))
+    Ok(reorigin(node, &origin))
 }
 
 fn too_large(digits: &str) -> String {

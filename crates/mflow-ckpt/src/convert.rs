@@ -83,19 +83,19 @@ fn write_shards(
         .map(|rank| {
             let name = rank_file_name(rank.tp, rank.pp);
             let (bytes, blake3) =
-                write_file(&staging.dir.join(&name), &rank.tensors, dtype, &meta, sources, &progress)?;
+                write_file(&staging.dir().join(&name), &rank.tensors, dtype, &meta, sources, &progress)?;
             Ok(FileEntry { tp: rank.tp, pp: rank.pp, path: name, bytes, blake3 })
         })
         .collect::<Result<_, CkptError>>()?;
-    let tok = staging.dir.join(TOKENIZER_DIR);
+    let tok = staging.dir().join(TOKENIZER_DIR);
     std::fs::create_dir(&tok).map_err(io(&tok))?;
     copy_tokenizer(tokenizer_from.0, tokenizer_from.1, &tok)?;
-    write_json(&staging.dir.join(HF_CONFIG), hf_config)?;
-    copy_inside(generation_config, GENERATION_CONFIG, &staging.dir.join(GENERATION_CONFIG))?;
+    write_json(&staging.dir().join(HF_CONFIG), hf_config)?;
+    copy_inside(generation_config, GENERATION_CONFIG, &staging.dir().join(GENERATION_CONFIG))?;
     let tp = plan.iter().map(|r| r.tp).max().unwrap_or(0) + 1;
     let pp = plan.iter().map(|r| r.pp).max().unwrap_or(0) + 1;
     let manifest = shards::manifest(shape, tp, pp, dtype, files);
-    write_json(&staging.dir.join(MANIFEST), &serde_json::to_value(&manifest).expect("manifest serializes"))?;
+    write_json(&staging.dir().join(MANIFEST), &serde_json::to_value(&manifest).expect("manifest serializes"))?;
     progress.finish();
     staging.commit()
 }
@@ -146,7 +146,7 @@ pub fn export(src: &Path, dst: &Path) -> Result<(), CkptError> {
             })
             .collect();
     groups.par_iter().zip(&names).try_for_each(|(g, name)| {
-        write_file(&staging.dir.join(name), g, sh.dtype, &meta, &sh.sources, &progress).map(|_| ())
+        write_file(&staging.dir().join(name), g, sh.dtype, &meta, &sh.sources, &progress).map(|_| ())
     })?;
     if n > 1 {
         let mut map = serde_json::Map::new();
@@ -156,16 +156,16 @@ pub fn export(src: &Path, dst: &Path) -> Result<(), CkptError> {
             }
         }
         let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": map});
-        write_json(&staging.dir.join(INDEX), &index)?;
+        write_json(&staging.dir().join(INDEX), &index)?;
     }
     let mut config = shards::hf_config(src)?;
     if let Some(obj) = config.as_object_mut() {
         let key = if obj.contains_key("torch_dtype") && !obj.contains_key("dtype") { "torch_dtype" } else { "dtype" };
         obj.insert(key.into(), Value::String(dtype_name(sh.dtype).into()));
     }
-    write_json(&staging.dir.join("config.json"), &config)?;
-    copy_tokenizer(src, Some(TOKENIZER_DIR), &staging.dir)?;
-    copy_inside(src, GENERATION_CONFIG, &staging.dir.join(GENERATION_CONFIG))?;
+    write_json(&staging.dir().join("config.json"), &config)?;
+    copy_tokenizer(src, Some(TOKENIZER_DIR), staging.dir())?;
+    copy_inside(src, GENERATION_CONFIG, &staging.dir().join(GENERATION_CONFIG))?;
     progress.finish();
     staging.commit()
 }

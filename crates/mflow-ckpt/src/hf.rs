@@ -389,7 +389,7 @@ pub fn copy_model(src: &Path, dst: &Path) -> Result<(), CkptError> {
     }
     names.extend(["generation_config.json"].iter().chain(TOKENIZER_FILES).map(|s| s.to_string()));
     for name in names {
-        copy_inside(src, &name, &staging.dir.join(&name))?;
+        copy_inside(src, &name, &staging.dir().join(&name))?;
     }
     staging.commit()
 }

@@ -351,9 +351,9 @@ pub fn download_with(cfg: &HubConfig, source: &str, dst: &Path) -> Result<(), Ck
     // Validate the model before it becomes visible.
     let staging = Staging::new(dst)?;
     for (w, blob) in wants.iter().zip(&blobs) {
-        cache::place(blob, &staging.dir.join(&w.s.rfilename)).map_err(io(blob))?;
+        cache::place(blob, &staging.dir().join(&w.s.rfilename)).map_err(io(blob))?;
     }
-    crate::hf::open(&staging.dir)?;
+    crate::hf::open(staging.dir())?;
     staging.commit()
 }
 

@@ -201,7 +201,7 @@ fn std_of(s: &ModelShape, name: &str) -> f32 {
 /// Writes the preset as a Hugging Face model directory at `dst` (staged, then renamed).
 pub fn write(p: &Preset, dst: &Path, seed: u64) -> Result<(), CkptError> {
     let staging = Staging::new(dst)?;
-    let dir = &staging.dir;
+    let dir = staging.dir();
     tokenizer::write(dir, p.shape.max_position_embeddings)?;
     write_json(&dir.join("config.json"), &hf_config(p))?;
     let eot = tokenizer::END_OF_TEXT_ID;

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use half::{bf16, f16};
 use mflow_progress::Reporter;
@@ -279,7 +279,6 @@ pub fn non_empty(pieces: Vec<Piece>) -> Vec<Piece> {
 /// uses ([`mflow_untrusted::staging`]), which also removes what killed processes left beside
 /// the destination, and what is being written when the process is asked to stop.
 pub struct Staging {
-    pub dir: PathBuf,
     inner: mflow_untrusted::staging::Staging,
 }
 
@@ -292,7 +291,11 @@ impl Staging {
             }
         }
         let inner = mflow_untrusted::staging::Staging::create(dst).map_err(staging_error)?;
-        Ok(Staging { dir: inner.path().to_path_buf(), inner })
+        Ok(Staging { inner })
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.inner.path()
     }
 
     /// Renames the staging directory onto the destination (an empty directory there, handed to
