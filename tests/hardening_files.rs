@@ -471,3 +471,32 @@ fn hardening_an_empty_git_in_a_parent_does_not_widen_the_project() {
     });
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
+
+/// mflow's workdir is never an input: a glob or a directory over the project passes it by, so
+/// the stage is cached on its second run; a path into it, however written, is refused.
+#[test]
+fn hardening_inputs_never_read_the_workdir() {
+    let spec = "[pipeline]\nname = \"x\"\n\n[stages.c]\nkind = \"command\"\ninputs = [\"*\"]\nrun = [\"sh\", \"-c\", \"echo hi > $MFLOW_OUTPUT/x\"]\n";
+    for inputs in ["*", "**", ".", "./"] {
+        let p = Project::new(&spec.replace("\"*\"", &format!("\"{inputs}\"")));
+        std::fs::write(p.file("a.txt"), "text").unwrap();
+        let first = p.run(&[]);
+        assert_eq!(code(&first), 0, "{inputs}: {}", stderr(&first));
+        let second = p.run(&[]);
+        assert_eq!(code(&second), 0, "{inputs}: {}", stderr(&second));
+        assert!(stderr(&second).contains("1 cached"), "{inputs}: the workdir was hashed: {}", stderr(&second));
+    }
+    let p = Project::new(spec);
+    assert_eq!(code(&p.run(&[])), 0);
+    std::fs::create_dir_all(p.file("sub")).unwrap();
+    symlink(".mflow", p.file("w")).unwrap();
+    for inputs in [".mflow/state", "./.mflow/runs", ".mflow", "sub/../.mflow/cache", "w", "w/state"] {
+        let o = p.mflow(&["plan", "spec.toml", "--set", &format!("stages.c.inputs=[\"{inputs}\"]")]);
+        assert_eq!(code(&o), 2, "{inputs}: {}", stderr(&o));
+        assert!(stderr(&o).contains("input_in_workdir"), "{inputs}: {}", stderr(&o));
+    }
+    // A glob passes the workdir by, through a link too: here it matches nothing else.
+    let o = p.mflow(&["plan", "spec.toml", "--set", "stages.c.inputs=[\"w/runs/*\"]"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("matches no file"), "{}", stderr(&o));
+}

@@ -45,6 +45,7 @@ pub struct InputHasher {
     /// mflow's workdir, and its device and inode when it exists: never an input, so that a
     /// glob or directory over the project does not read the cache and the run records.
     workdir: PathBuf,
+    workdir_real: Option<PathBuf>,
     workdir_node: Option<(u64, u64)>,
 }
 
@@ -106,6 +107,7 @@ impl InputHasher {
             hash: true,
             parents: Mutex::default(),
             workdir: workdir.root().to_path_buf(),
+            workdir_real: std::fs::canonicalize(workdir.root()).ok(),
             workdir_node: std::fs::metadata(workdir.root()).ok().map(|m| {
                 let m = FileStat::from(&m);
                 (m.dev, m.ino)
@@ -187,6 +189,9 @@ impl InputHasher {
                     links.check_top(entry, self.lstat(entry))?
                 };
                 let meta = known.or_else(|| self.stat(entry));
+                if meta.is_some_and(|m| self.is_workdir(&m)) {
+                    return self.workdir_met(stage, pattern, is_glob);
+                }
                 self.collect_stat(entry, meta, links, &mut files).map_err(|e| e.for_pattern(pattern))
             };
             if is_glob {
@@ -372,12 +377,21 @@ impl InputHasher {
         m.is_dir && self.workdir_node == Some((m.dev, m.ino))
     }
 
-    /// Whether `path` is the workdir or below it, as written (`.` components aside), or is the
-    /// workdir by another way of writing it (stat-ed only when its name is the workdir's).
+    /// Whether `path` lies in the workdir: as written (both start at the spec's directory), or
+    /// once its directory is resolved (`..`, links), from the cache of resolved directories the
+    /// link checks share. The workdir itself, under another name, is found by its inode.
     fn in_workdir(&self, path: &Path) -> bool {
-        let plain = |p: &Path| p.components().filter(|c| *c != Component::CurDir).collect::<PathBuf>();
-        plain(path).starts_with(plain(&self.workdir))
-            || (path.file_name() == self.workdir.file_name() && self.stat(path).is_some_and(|m| self.is_workdir(&m)))
+        if path.starts_with(&self.workdir) {
+            return true;
+        }
+        let (Some(real), Some(parent), Some(name)) = (&self.workdir_real, path.parent(), path.file_name()) else {
+            return false;
+        };
+        let mut parents = self.parents.lock().unwrap();
+        let resolved = parents.entry(parent.to_path_buf()).or_insert_with(|| std::fs::canonicalize(parent).ok());
+        resolved.as_ref().is_some_and(|p| {
+            p.starts_with(real) || (Some(p.as_path()) == real.parent() && Some(name) == real.file_name())
+        })
     }
 
     /// Stats `path` itself (a link is not followed) from the open base directory, when it lies
