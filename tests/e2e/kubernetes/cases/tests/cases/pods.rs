@@ -89,12 +89,24 @@ run = ["sh", "-c", "true"]
     c.mflow(["run", &spec]).code(3).run().contains("ErrImagePull");
     let msg = message(&c.record(), "missing");
     assert!(msg.contains("did not start within 30s"), "message: {msg}");
-    // A name that is not an image reference fails at once, as the user's error.
+    // A name with a space is no image reference: refused when the spec is read.
     let spec = c
         .spec(
             r#"[stages.invalid]
 kind = "command"
 image = "Not A/Valid:Image:Name"
+run = ["sh", "-c", "true"]
+"#,
+        )
+        .write();
+    c.mflow(["run", &spec]).code(2).run().contains("mflow::spec::invalid_value");
+    // One only the container runtime can judge (upper case, two tags) fails at once, as the
+    // user's error.
+    let spec = c
+        .spec(
+            r#"[stages.invalid]
+kind = "command"
+image = "Not/Valid:Image:Name"
 run = ["sh", "-c", "true"]
 "#,
         )
