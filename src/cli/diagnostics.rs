@@ -91,6 +91,7 @@ pub const DIAGNOSTICS: &[(&str, &str, &str)] = &[
     ("mflow::data::output::exists", "output {path} already exists and is not an empty directory", "remove it or choose another --out; mflow never overwrites a dataset"),
     ("mflow::data::output::io", "cannot write the output {path}: {source}", "check that the parent directory exists and is writable"),
     ("mflow::data::split::invalid", "invalid --splits {value:?}: {reason}", "give three non-negative weights for train,valid,test, e.g. --splits 98,1,1 (at least one above zero)"),
+    ("mflow::data::tokenizer::config", "{} cannot give the end-of-document token: {reason}", "fix or remove the file, or name the end-of-document token with --eod; special tokens of this tokenizer: {}"),
     ("mflow::data::tokenizer::encode", "tokenizer {} failed to encode a document: {}", "the tokenizer.json may be incomplete; check it loads with `tokenizers.Tokenizer.from_file`"),
     ("mflow::data::tokenizer::load", "cannot load tokenizer {}: {}", "pass a valid Hugging Face tokenizer.json (as saved by `tokenizers` or `transformers`)"),
     ("mflow::data::tokenizer::memory", "tokenizer {}: {over}", "a model or tokenizer of this size is far beyond any real one, so the file is likely corrupt or hostile; if it is what you meant, set MFLOW_MEMORY_BUDGET to what this machine can hold (e.g. MFLOW_MEMORY_BUDGET=64GiB; a stage's `env` table passes it to that stage)"),

@@ -2,7 +2,8 @@
 //! the lines around it: a 10 MB value on one line (or a string of a million lines) would be
 //! quoted whole, once per problem. So a diagnostic is rendered from a view of the spec in which
 //! every long line is cut to its start and its size, with its labels moved to match and held
-//! to one line; line numbers stay those of the file.
+//! to one line; line numbers stay those of the file. The values of credential keys are masked in
+//! the view ([`super::secret::masked`]): a diagnostic quotes the lines around its label too.
 
 use std::sync::Arc;
 
@@ -23,13 +24,17 @@ struct Cut {
 }
 
 pub struct View {
-    /// The text the diagnostic shows: the spec, or the spec with its long lines cut.
+    /// The text the diagnostic shows: the spec, or the spec with its long lines cut and its
+    /// credentials masked.
     text: Arc<str>,
     cuts: Vec<Cut>,
+    masked: bool,
 }
 
 impl View {
-    pub fn of(spec: &Arc<str>) -> View {
+    pub fn of(original: &Arc<str>) -> View {
+        let masked = super::secret::masked(original);
+        let spec: &str = masked.as_deref().unwrap_or(original);
         let mut cuts = Vec::new();
         let (mut shown, mut copied, mut removed, mut start) = (String::new(), 0, 0, 0);
         for line in spec.split_inclusive('\n') {
@@ -52,16 +57,16 @@ impl View {
             }
             start += line.len();
         }
-        if cuts.is_empty() {
-            return View { text: spec.clone(), cuts };
+        if cuts.is_empty() && masked.is_none() {
+            return View { text: original.clone(), cuts, masked: false };
         }
         shown.push_str(&spec[copied..]);
-        View { text: Arc::from(shown), cuts }
+        View { text: Arc::from(shown), cuts, masked: masked.is_some() }
     }
 
     /// The text to render, when it differs from the spec.
     pub fn text(&self) -> Option<&Arc<str>> {
-        (!self.cuts.is_empty()).then_some(&self.text)
+        (self.masked || !self.cuts.is_empty()).then_some(&self.text)
     }
 
     /// Where offset `off` of the spec is in the view: inside a cut, at the cut's marker.

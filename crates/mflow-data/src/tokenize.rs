@@ -63,6 +63,16 @@ pub enum TokenizerError {
     )]
     NoEod { path: PathBuf, candidates: String, specials: String },
 
+    #[error("{} cannot give the end-of-document token: {reason}", .path.display())]
+    #[diagnostic(
+        code(mflow::data::tokenizer::config),
+        help(
+            "fix or remove the file, or name the end-of-document token with --eod; special tokens of this tokenizer: {}",
+            excerpt(specials)
+        )
+    )]
+    Config { path: PathBuf, reason: String, specials: String },
+
     #[error("--eod {token:?} is not a token of {path}")]
     #[diagnostic(
         code(mflow::data::tokenizer::unknown_eod),
@@ -328,7 +338,22 @@ fn load_hf(path: &Path, eod: Option<&str>, add_special_tokens: bool) -> Result<E
             },
         },
         None => {
-            let configured = config_eos_token(path).and_then(|t| tokenizer.token_to_id(&t).map(|id| (id, t)));
+            let config_err =
+                |cfg: PathBuf, reason: String| TokenizerError::Config { path: cfg, reason, specials: special_list() };
+            let configured = match config_eos_token(path).map_err(|(cfg, reason)| config_err(cfg, reason))? {
+                Some((cfg, token)) => match tokenizer.token_to_id(&token) {
+                    Some(id) => Some((id, token)),
+                    None => {
+                        let reason = format!(
+                            "its eos_token {} is not a token of {}",
+                            excerpt(&format!("{token:?}")),
+                            path.display()
+                        );
+                        return Err(config_err(cfg, reason));
+                    }
+                },
+                None => None,
+            };
             let fallback = || {
                 EOD_CANDIDATES
                     .iter()
@@ -351,28 +376,43 @@ fn load_hf(path: &Path, eod: Option<&str>, add_special_tokens: bool) -> Result<E
     })
 }
 
-/// `eos_token` of the tokenizer_config.json beside `tokenizer_json`, as transformers reads it.
-/// A config that is missing, not a regular file, too large, or linked out of the tokenizer's
-/// directory is ignored (the end-of-document token then comes from the fallbacks or --eod).
-fn config_eos_token(tokenizer_json: &Path) -> Option<String> {
+/// `eos_token` of the tokenizer_config.json beside `tokenizer_json`, as transformers reads it,
+/// with the config's path. None when there is no config or it names no `eos_token` (then the
+/// fallbacks or --eod decide). A config that is there but cannot be used (not a regular file,
+/// linked out of the tokenizer's directory, too large, not JSON, an `eos_token` that is not a
+/// string) is an error naming it: ignoring it would pick another end-of-document token silently.
+fn config_eos_token(tokenizer_json: &Path) -> Result<Option<(PathBuf, String)>, (PathBuf, String)> {
     let dir = match tokenizer_json.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let cfg = resolve_inside(dir, "tokenizer_config.json").ok()??;
-    eos_token_of_config(&read_bounded(&cfg, MAX_CONFIG_BYTES).ok()?)
+    let named = dir.join("tokenizer_config.json");
+    let cfg = match resolve_inside(dir, "tokenizer_config.json") {
+        Ok(None) => return Ok(None),
+        Ok(Some(cfg)) => cfg,
+        Err(e) => return Err((named, e.to_string())),
+    };
+    let bytes = read_bounded(&cfg, MAX_CONFIG_BYTES).map_err(|e| (named.clone(), e.to_string()))?;
+    eos_token_of_config(&bytes).map(|token| token.map(|t| (named.clone(), t))).map_err(|reason| (named, reason))
 }
 
-/// `eos_token` of a tokenizer_config.json document, as transformers reads it; `None` if the
-/// document is not JSON or names none. Never panics (fuzzed).
-pub fn eos_token_of_config(bytes: &[u8]) -> Option<String> {
+/// `eos_token` of a tokenizer_config.json document, as transformers reads it (a string, or an
+/// added token's `content`); `None` if it names none. An error says why the document cannot be
+/// read. Never panics (fuzzed).
+pub fn eos_token_of_config(bytes: &[u8]) -> Result<Option<String>, String> {
     if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return None;
+        return Err(format!("it is larger than {MAX_CONFIG_BYTES} bytes"));
     }
-    let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    match value.get("eos_token")? {
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
-        _ => None,
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("it is not JSON ({})", excerpt(&e.to_string())))?;
+    let Some(config) = value.as_object() else { return Err("it is not a JSON object".into()) };
+    match config.get("eos_token") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(serde_json::Value::Object(o)) => match o.get("content") {
+            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+            _ => Err("its eos_token has no string `content`".into()),
+        },
+        Some(_) => Err("its eos_token is neither a string nor an added token".into()),
     }
 }

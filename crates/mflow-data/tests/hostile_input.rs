@@ -88,7 +88,8 @@ fn tokenizer_files_linked_out_of_their_directory_are_not_used() {
         fails(vec![corpus(tmp.path()), "--tokenizer".into(), model.display().to_string(), "--out".into(), out.clone()]);
     assert!(text.contains("resolves to") && text.contains("outside"), "{text}");
 
-    // tokenizer_config.json linked elsewhere is ignored: its eos_token is not taken.
+    // tokenizer_config.json linked elsewhere is refused, naming it: its eos_token is not taken,
+    // and not silently replaced by another either.
     std::fs::remove_file(model.join("tokenizer.json")).unwrap();
     std::fs::copy(format!("{TOK}/tokenizer.json"), model.join("tokenizer.json")).unwrap();
     let tok: serde_json::Value = serde_json::from_slice(&std::fs::read(model.join("tokenizer.json")).unwrap()).unwrap();
@@ -102,10 +103,34 @@ fn tokenizer_files_linked_out_of_their_directory_are_not_used() {
     let cfg = tmp.path().join("cfg.json");
     std::fs::write(&cfg, serde_json::json!({"eos_token": ordinary}).to_string()).unwrap();
     std::os::unix::fs::symlink(&cfg, model.join("tokenizer_config.json")).unwrap();
-    run(&[&corpus(tmp.path()), "--tokenizer", model.to_str().unwrap(), "--out", &out]).unwrap();
-    let meta: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(Path::new(&out).join("dataset.json")).unwrap()).unwrap();
-    assert_ne!(meta["eod_token"], serde_json::Value::from(ordinary.clone()));
+    let args =
+        || vec![corpus(tmp.path()), "--tokenizer".into(), model.display().to_string(), "--out".into(), out.clone()];
+    let text = fails(args());
+    assert!(text.contains("tokenizer_config.json") && text.contains("outside"), "{text}");
+    assert!(!Path::new(&out).exists());
+    // So is one that is not JSON, or names a token the tokenizer does not have.
+    std::fs::remove_file(model.join("tokenizer_config.json")).unwrap();
+    for (doc, says) in [
+        ("{\"eos_token\": ", "not JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ("{\"eos_token\": 7}", "neither a string"),
+        ("{\"eos_token\": \"<no such token>\"}", "is not a token of"),
+    ] {
+        std::fs::write(model.join("tokenizer_config.json"), doc).unwrap();
+        let text = fails(args());
+        assert!(
+            text.contains("tokenizer_config.json") && text.contains(says) && text.contains("--eod"),
+            "{doc}: {text}"
+        );
+        // --eod decides without the config.
+        let out3 = tmp.path().join("ds3");
+        let eod = ["--eod".to_string(), "<|endoftext|>".into()];
+        let mut with_eod = args();
+        with_eod[4] = out3.display().to_string();
+        with_eod.extend(eod);
+        run(&with_eod.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+        std::fs::remove_dir_all(&out3).unwrap();
+    }
     // The same config as a regular file inside the directory is taken.
     std::fs::remove_file(model.join("tokenizer_config.json")).unwrap();
     std::fs::copy(&cfg, model.join("tokenizer_config.json")).unwrap();
@@ -128,10 +153,11 @@ fn eos_lookup_never_panics_on_odd_configs() {
     ] {
         let _ = mflow_data::tokenize::eos_token_of_config(doc);
     }
-    assert_eq!(
-        mflow_data::tokenize::eos_token_of_config(br#"{"eos_token": {"content": "</s>"}}"#).as_deref(),
-        Some("</s>")
-    );
+    let eos = |doc: &[u8]| mflow_data::tokenize::eos_token_of_config(doc);
+    assert_eq!(eos(br#"{"eos_token": {"content": "</s>"}}"#), Ok(Some("</s>".into())));
+    assert_eq!(eos(br#"{"eos_token": null, "x": 1}"#), Ok(None));
+    assert_eq!(eos(br#"{}"#), Ok(None));
+    assert!(eos(b"\xff\xfe").is_err() && eos(b"[]").is_err() && eos(br#"{"eos_token": 5}"#).is_err());
 }
 
 /// Re-runs this test binary on test `name` with its address space limited to `mib` and
