@@ -55,7 +55,7 @@ pub async fn run_on(
     backend: crate::backend::Backend,
 ) -> Result<RunOutcome, crate::Error> {
     let workdir = plan.spec.workdir();
-    let last = crate::record::LastKeys::open(&workdir);
+    let last = crate::record::LastKeys::open(&workdir, &plan.spec.pipeline.name);
     let mut decisions = crate::plan::decide(&plan, &store, &last, &opts.force, false);
     drop(last);
     let planned: Vec<_> = decisions.iter_mut().map(|d| d.keyed.take()).collect();

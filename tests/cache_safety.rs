@@ -511,7 +511,7 @@ fn a_workdir_of_an_older_mflow_is_adopted() {
 fn fifos_in_place_of_mflows_state_files_hang_nothing() {
     let (p, keys) = committed();
     let state = p.file(".mflow/state");
-    for name in ["inputs.json", "keys.index", "keys.json", "lock.last"] {
+    for name in ["inputs.json", "keys-chain.index", "keys-chain.json", "lock.last"] {
         let f = state.join(name);
         let _ = std::fs::remove_file(&f);
         mkfifo(&f);

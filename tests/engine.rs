@@ -164,6 +164,21 @@ run = ["sh", "-c", "echo x >> ../attempts; echo '{\"class\": \"infra\", \"messag
 }
 
 #[test]
+fn a_stage_cannot_claim_to_be_cancelled() {
+    // Only the user cancels (exit 130); the stage's exit decides instead.
+    let spec = r#"
+[pipeline]
+name = "cls"
+[stages.f]
+kind = "command"
+run = ["sh", "-c", "echo '{\"class\": \"cancelled\", \"message\": \"meh\"}' > $MFLOW_STATUS; exit 1"]
+"#;
+    let o = project(spec).run(&[]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("exited with status 1"), "{}", stderr(&o));
+}
+
+#[test]
 fn a_timeout_kills_the_stage() {
     let spec = r#"
 [pipeline]
@@ -331,6 +346,25 @@ fn plan_says_what_would_run_and_why() {
     let o = p.mflow(&["output", "spec.toml", "d"]);
     assert_eq!(code(&o), 0);
     assert!(std::path::Path::new(common::stdout(&o).trim()).join("out").exists());
+}
+
+/// Specs beside each other share a workdir, and often stage names: each pipeline's reasons
+/// compare with its own last keys, not with another spec's stage of the same name.
+#[test]
+fn why_compares_with_the_same_pipelines_last_run() {
+    let spec = |name: &str, say: &str| {
+        format!("[pipeline]\nname = \"{name}\"\n[vars]\nlr = \"0.1\"\n[stages.train]\nkind = \"command\"\nrun = [\"sh\", \"-c\", \"echo {say} > $MFLOW_OUTPUT/out\"]\n")
+    };
+    let p = project(&spec("alpha", "alpha-${vars.lr}"));
+    assert_eq!(code(&p.run(&[])), 0);
+    std::fs::write(p.file("beta.toml"), spec("beta", "beta")).unwrap();
+    assert_eq!(code(&p.mflow(&["run", "beta.toml"])), 0);
+    let o = p.mflow(&["why", "spec.toml", "train", "--set", "vars.lr=\"0.2\""]);
+    let why = common::stdout(&o);
+    assert!(why.contains("alpha-0.1") && why.contains("alpha-0.2") && !why.contains("beta"), "{why}");
+    // Each pipeline's run found its own stage cached.
+    let o = p.mflow(&["plan", "beta.toml"]);
+    assert!(common::stdout(&o).contains("cached"), "{}", common::stdout(&o));
 }
 
 /// `output --download` copies the committed output into a new directory, checked against its

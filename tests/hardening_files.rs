@@ -500,3 +500,33 @@ fn hardening_inputs_never_read_the_workdir() {
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("matches no file"), "{}", stderr(&o));
 }
+
+/// Input keys are names as text: a name that is not UTF-8 is refused wherever the pattern would
+/// take it (the glob crate passed it by in silence, a directory walk gave two such names one
+/// key), and passed by where the pattern would not.
+#[test]
+fn hardening_an_input_name_that_is_not_utf8_is_refused_not_passed_by() {
+    use std::os::unix::ffi::OsStrExt;
+    let p = Project::new(&reading(r#"["d/*"]"#));
+    std::fs::create_dir_all(p.file("d/sub")).unwrap();
+    std::fs::write(p.file("d/ok.txt"), "ok").unwrap();
+    std::fs::write(p.file("d/sub/deep.txt"), "deep").unwrap();
+    let o = within(p.cmd(&["plan", "spec.toml"]));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let odd = p.file("d").join(std::ffi::OsStr::from_bytes(b"x\xffy.txt"));
+    std::fs::write(&odd, "odd").unwrap();
+    for inputs in [r#"["d/*"]"#, r#"["d/*.txt"]"#, r#"["d"]"#, r#"["d/**"]"#, r#"["*/x?y.txt"]"#] {
+        p.write_spec(&reading(inputs));
+        let o = within(p.cmd(&["plan", "spec.toml"]));
+        let err = said(&o);
+        assert_eq!(code(&o), 2, "{inputs}: {err}");
+        assert!(err.contains("mflow::plan::input_name") && err.contains("not UTF-8"), "{inputs}: {err}");
+    }
+    // Where the pattern would not take it, it is no input; globs below a directory still match.
+    for inputs in [r#"["d/*.md", "d/ok.txt"]"#, r#"["d/s*/*.txt"]"#, r#"["*/sub/deep.txt"]"#] {
+        std::fs::write(p.file("d/a.md"), "a").unwrap();
+        p.write_spec(&reading(inputs));
+        let o = within(p.cmd(&["plan", "spec.toml"]));
+        assert_eq!(code(&o), 0, "{inputs}: {}", stderr(&o));
+    }
+}

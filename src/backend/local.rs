@@ -296,10 +296,11 @@ fn classify(reported: Option<(FailureClass, String)>, program: &str, status: std
     Outcome::Failed { class: FailureClass::User, message: format!("`{program}` exited with status {code}") }
 }
 
-/// Reads the class a stage reported for itself.
+/// Reads the class a stage reported for itself. `cancelled` is not a stage's to claim: only the
+/// user cancels (exit 130), so such a report is ignored and the exit decides.
 pub fn read_status(path: &std::path::Path) -> Option<(FailureClass, String)> {
     let v = crate::untrusted::read_json(path, crate::untrusted::SMALL_JSON)?;
-    let class = FailureClass::parse(v.get("class")?.as_str()?)?;
+    let class = FailureClass::parse(v.get("class")?.as_str()?).filter(|c| *c != FailureClass::Cancelled)?;
     // The stage's words, quoted by every message and record of the failure: an excerpt.
     let message = v.get("message").and_then(|m| m.as_str()).unwrap_or("the stage reported a failure");
     let message = crate::spec::error::excerpt_of(message, crate::spec::error::MAX_QUOTE);

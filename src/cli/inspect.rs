@@ -12,7 +12,7 @@ use crate::{plan, record, spec, Error};
 
 pub fn plan(a: PlanArgs, p: &Printer) -> Result<ExitCode, Error> {
     let (plan, store) = load_plan(&a.spec.spec, &a.spec.set, a.backend)?;
-    let last = record::LastKeys::open(&plan.spec.workdir());
+    let last = record::LastKeys::open(&plan.spec.workdir(), &plan.spec.pipeline.name);
     let mut decisions = plan::decide(&plan, &store, &last, &[], a.verify);
     if plan.spec.pipeline.backend == BackendKind::Kubernetes {
         cluster_cached(&plan.spec, &mut decisions, p);
@@ -32,7 +32,7 @@ pub fn why(a: WhyArgs, p: &Printer) -> Result<ExitCode, Error> {
     let (plan, store) = load_plan(&a.spec, &a.set, None)?;
     let stage = a.stage;
     let i = plan.index(&stage).ok_or_else(|| plan::PlanError::UnknownStage(stage.clone()))?;
-    let last = record::LastKeys::open(&plan.spec.workdir());
+    let last = record::LastKeys::open(&plan.spec.workdir(), &plan.spec.pipeline.name);
     let decisions = plan::decide(&plan, &store, &last, &[], false);
     let old = last.get(&stage);
     // Upstream digests as they are now (cached ones), else as last recorded.
@@ -126,7 +126,7 @@ pub fn output(a: OutputArgs, p: &Printer) -> Result<ExitCode, Error> {
 
 /// The key of stage `i`'s committed output for the spec as it is now.
 fn committed_key(plan: &plan::Plan, store: &crate::cache::Store, i: usize, spec: &Path) -> Result<String, Error> {
-    let decisions = plan::decide(plan, store, &record::LastKeys::open(&plan.spec.workdir()), &[], false);
+    let decisions = plan::decide(plan, store, &record::LastKeys::open(&plan.spec.workdir(), &plan.spec.pipeline.name), &[], false);
     match &decisions[i].decision {
         plan::Decision::Cached { key } => Ok(key.clone()),
         d => Err(Error::usage(

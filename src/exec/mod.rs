@@ -150,7 +150,7 @@ pub async fn run(
     let _ = printer.await;
 
     let workdir = shared.plan.spec.workdir();
-    crate::record::LastKeys::open(&workdir).save(&tally.keys);
+    crate::record::LastKeys::open(&workdir, &shared.plan.spec.pipeline.name).save(&tally.keys);
     let status = if interrupted.load(std::sync::atomic::Ordering::SeqCst) {
         RunStatus::Interrupted
     } else if *shared.cancel.borrow() != Cancel::None {

@@ -127,17 +127,25 @@ pub fn resolve(workdir: &Workdir, id: Option<&str>) -> Option<String> {
     }
 }
 
-/// The key parts each stage had when it last ran or was found cached (`state/keys.json`, for
-/// `mflow why` and the reasons in a plan). They are read only when asked for: a no-op rerun
-/// compares its keys with `state/keys.index` (one `stage key` line each) and reads nothing else.
+/// The key parts each stage of a pipeline had when it last ran or was found cached
+/// (`state/keys-PIPELINE.json`, for `mflow why` and the reasons in a plan): per pipeline, since
+/// specs beside each other share a workdir and their stages' names. They are read only when
+/// asked for: a no-op rerun compares its keys with `state/keys-PIPELINE.index` (one `stage key`
+/// line each) and reads nothing else.
 pub struct LastKeys {
-    dir: PathBuf,
+    json: PathBuf,
+    index: PathBuf,
     parts: std::sync::OnceLock<BTreeMap<String, KeyParts>>,
 }
 
 impl LastKeys {
-    pub fn open(workdir: &Workdir) -> LastKeys {
-        LastKeys { dir: workdir.state(), parts: std::sync::OnceLock::new() }
+    /// `pipeline` is a valid pipeline name (`crate::spec::valid_name`): a file name.
+    pub fn open(workdir: &Workdir, pipeline: &str) -> LastKeys {
+        LastKeys {
+            json: workdir.state_file(&format!("keys-{pipeline}.json")),
+            index: workdir.state_file(&format!("keys-{pipeline}.index")),
+            parts: std::sync::OnceLock::new(),
+        }
     }
 
     pub fn get(&self, stage: &str) -> Option<&KeyParts> {
@@ -145,13 +153,13 @@ impl LastKeys {
     }
 
     fn all(&self) -> &BTreeMap<String, KeyParts> {
-        self.parts.get_or_init(|| load_keys(&self.dir))
+        self.parts.get_or_init(|| load_keys(&self.json))
     }
 
     /// Merges this run's keys (stage -> key and parts) into the saved ones, unless every stage
     /// kept its key: a no-op rerun writes nothing here.
     pub fn save(self, keys: &BTreeMap<String, (String, std::sync::Arc<KeyParts>)>) {
-        let index = crate::cache::read_regular(&self.dir.join("keys.index"), crate::cache::MAX_STATE_BYTES)
+        let index = crate::cache::read_regular(&self.index, crate::cache::MAX_STATE_BYTES)
             .ok()
             .and_then(|b| String::from_utf8(b).ok())
             .unwrap_or_default();
@@ -159,22 +167,24 @@ impl LastKeys {
         if keys.iter().all(|(name, (key, _))| saved.get(name.as_str()) == Some(&key.as_str())) {
             return;
         }
-        let LastKeys { dir, parts } = self;
-        let mut all = parts.into_inner().unwrap_or_else(|| load_keys(&dir));
+        let LastKeys { json, index, parts } = self;
+        let mut all = parts.into_inner().unwrap_or_else(|| load_keys(&json));
         for (name, (_, parts)) in keys {
             all.insert(name.clone(), KeyParts::clone(parts));
         }
-        let _ = std::fs::create_dir_all(&dir);
-        // keys.json first: an index older than it only causes one more merge.
-        if write_json(&dir.join("keys.json"), &all).is_ok() {
-            let index: String = all.iter().map(|(name, parts)| format!("{name} {}\n", parts.key())).collect();
-            let _ = write_atomic(&dir.join("keys.index"), index.as_bytes());
+        if let Some(dir) = json.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        // The parts first: an index older than them only causes one more merge.
+        if write_json(&json, &all).is_ok() {
+            let lines: String = all.iter().map(|(name, parts)| format!("{name} {}\n", parts.key())).collect();
+            let _ = write_atomic(&index, lines.as_bytes());
         }
     }
 }
 
-fn load_keys(dir: &Path) -> BTreeMap<String, KeyParts> {
-    crate::cache::read_regular(&dir.join("keys.json"), crate::cache::MAX_STATE_BYTES)
+fn load_keys(json: &Path) -> BTreeMap<String, KeyParts> {
+    crate::cache::read_regular(json, crate::cache::MAX_STATE_BYTES)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default()
@@ -213,19 +223,19 @@ mod tests {
     #[test]
     fn last_keys_are_merged_and_a_run_with_the_same_keys_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let keys_json = Workdir::new(dir.path()).state_file("keys.json");
-        LastKeys::open(&Workdir::new(dir.path())).save(&keyed(&[("a", ""), ("b", "")]));
-        assert_eq!(LastKeys::open(&Workdir::new(dir.path())).get("a"), Some(&parts("")));
+        let keys_json = Workdir::new(dir.path()).state_file("keys-p.json");
+        LastKeys::open(&Workdir::new(dir.path()), "p").save(&keyed(&[("a", ""), ("b", "")]));
+        assert_eq!(LastKeys::open(&Workdir::new(dir.path()), "p").get("a"), Some(&parts("")));
 
         // Same keys: keys.json is not read or written (removing it proves the second).
         std::fs::remove_file(&keys_json).unwrap();
-        LastKeys::open(&Workdir::new(dir.path())).save(&keyed(&[("a", "")]));
+        LastKeys::open(&Workdir::new(dir.path()), "p").save(&keyed(&[("a", "")]));
         assert!(!keys_json.exists());
 
         // A changed key is merged with the stages this run did not touch.
-        LastKeys::open(&Workdir::new(dir.path())).save(&keyed(&[("a", "")]));
-        LastKeys::open(&Workdir::new(dir.path())).save(&keyed(&[("a", "x")]));
-        let last = LastKeys::open(&Workdir::new(dir.path()));
+        LastKeys::open(&Workdir::new(dir.path()), "p").save(&keyed(&[("a", "")]));
+        LastKeys::open(&Workdir::new(dir.path()), "p").save(&keyed(&[("a", "x")]));
+        let last = LastKeys::open(&Workdir::new(dir.path()), "p");
         assert_eq!(last.get("a"), Some(&parts("x")));
         assert_eq!(last.get("b"), None, "b was lost with the removed keys.json, and not invented");
         let index = std::fs::read_to_string(Workdir::new(dir.path()).state_file("keys.index")).unwrap();
@@ -235,12 +245,12 @@ mod tests {
     #[test]
     fn a_missing_index_merges_again() {
         let dir = tempfile::tempdir().unwrap();
-        LastKeys::open(&Workdir::new(dir.path())).save(&keyed(&[("a", ""), ("b", "")]));
+        LastKeys::open(&Workdir::new(dir.path()), "p").save(&keyed(&[("a", ""), ("b", "")]));
         std::fs::remove_file(Workdir::new(dir.path()).state_file("keys.index")).unwrap();
-        LastKeys::open(&Workdir::new(dir.path())).save(&keyed(&[("a", "")]));
+        LastKeys::open(&Workdir::new(dir.path()), "p").save(&keyed(&[("a", "")]));
         let index = std::fs::read_to_string(Workdir::new(dir.path()).state_file("keys.index")).unwrap();
         assert_eq!(index.lines().count(), 2);
-        assert_eq!(LastKeys::open(&Workdir::new(dir.path())).get("b"), Some(&parts("")));
+        assert_eq!(LastKeys::open(&Workdir::new(dir.path()), "p").get("b"), Some(&parts("")));
     }
 
     #[test]

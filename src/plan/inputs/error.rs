@@ -43,6 +43,12 @@ pub enum InputError {
         help("read another stage's result through `stages.NAME.output` in its parameters: the workdir's files change with every run")
     )]
     InWorkdir { stage: String, pattern: String, workdir: PathBuf },
+    #[error("stage `{stage}`: input {} has a name that is not UTF-8", path.display())]
+    #[diagnostic(
+        code(mflow::plan::input_name),
+        help("rename it: a stage's inputs are keyed by their names as text, and two such names could share one")
+    )]
+    NotUtf8 { stage: String, path: PathBuf },
     #[error("stage `{stage}`: invalid input pattern `{pattern}`: {reason}")]
     #[diagnostic(code(mflow::plan::input_pattern))]
     Pattern { stage: String, pattern: String, reason: String },

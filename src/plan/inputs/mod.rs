@@ -200,28 +200,15 @@ impl InputHasher {
                     pattern: pattern.clone(),
                     reason: e.to_string(),
                 };
+                // The glob crate follows links below `**` without end, and passes names that
+                // are not UTF-8 by in silence; this walk stops at a cycle and at the walk's
+                // bounds, and refuses such a name where the pattern would match it.
                 if pattern.contains("**") {
-                    // The glob crate follows links below `**` without end; this walk stops at
-                    // a cycle and at the walk's bounds.
                     links.scope = glob_scope.clone();
-                    for entry in self
-                        .glob_recursive(stage, &full, glob::Pattern::new(&full.to_string_lossy()).map_err(bad)?, &links)
-                        .map_err(|e| e.for_pattern(pattern))?
-                    {
-                        add(&entry, &mut links)?;
-                    }
-                } else {
-                    // One directory listed per component: as bounded as the pattern is long.
-                    for (n, entry) in glob::glob(&full.to_string_lossy()).map_err(bad)?.flatten().enumerate() {
-                        if n >= MAX_WALK_ENTRIES {
-                            return Err(InputError::TooLarge {
-                                stage: stage.into(),
-                                pattern: pattern.clone(),
-                                what: format!("matches more than {MAX_WALK_ENTRIES} paths"),
-                            });
-                        }
-                        add(&entry, &mut links)?;
-                    }
+                }
+                let matcher = glob::Pattern::new(&full.to_string_lossy()).map_err(bad)?;
+                for entry in self.glob_walk(stage, &full, matcher, &links).map_err(|e| e.for_pattern(pattern))? {
+                    add(&entry, &mut links)?;
                 }
             } else {
                 // A plain path: no glob walk over its ancestors.
@@ -231,10 +218,11 @@ impl InputHasher {
                 return Err(InputError::NoMatch { stage: stage.into(), pattern: pattern.clone() });
             }
             for (f, meta) in files {
-                let rel = f
-                    .strip_prefix(base)
-                    .map(|r| r.to_string_lossy().to_string())
-                    .unwrap_or_else(|_| f.to_string_lossy().to_string());
+                // Keys are text: two names that differ only in bytes that are not UTF-8 would share one.
+                let rel = f.strip_prefix(base).unwrap_or(&f);
+                let Some(rel) = rel.to_str().map(str::to_string) else {
+                    return Err(InputError::NotUtf8 { stage: stage.into(), path: f });
+                };
                 if !self.hash {
                     out.insert(rel, String::new());
                     continue;
@@ -306,6 +294,9 @@ impl InputHasher {
             if is_link {
                 links.check_link(p)?;
             }
+            if p.to_str().is_none() {
+                return Err(InputError::NotUtf8 { stage: links.stage.into(), path: p.to_path_buf() });
+            }
             if m.is_file {
                 out.push((p.to_path_buf(), *m));
             }
@@ -325,11 +316,12 @@ impl InputHasher {
         }
     }
 
-    /// The paths below the literal directory of `full` (a pattern with `**`) that `pattern`
-    /// matches, as `glob::glob` finds them (`*` within a component, `**` across them), walked
-    /// once as inputs are walked; a link to a directory is checked by `links` before the walk
-    /// enters it.
-    fn glob_recursive(
+    /// The paths below the literal directory of the glob `full` that `pattern` matches, as
+    /// `glob::glob` finds them (`*` within a component, `**` across them), walked once as inputs
+    /// are walked: no deeper than the pattern's components without `**`; a link to a directory
+    /// is checked by `links` before the walk enters it. A path that is not UTF-8 and that the
+    /// pattern matches once its bytes are replaced is refused, not passed by.
+    fn glob_walk(
         &self,
         stage: &str,
         full: &Path,
@@ -342,18 +334,39 @@ impl InputHasher {
             require_literal_leading_dot: false,
         };
         let start = literal_prefix(full);
+        let top = start.components().count();
+        // Without `**`, a directory is entered only where its name matches its component.
+        let parts: Option<Vec<glob::Pattern>> = (!full.to_string_lossy().contains("**")).then(|| {
+            full.components().skip(top).filter_map(|c| glob::Pattern::new(&c.as_os_str().to_string_lossy()).ok()).collect()
+        });
+        let enter = |p: &Path| {
+            let Some(parts) = &parts else { return true };
+            let depth = p.components().count() - top;
+            match depth.checked_sub(1) {
+                None => true,
+                Some(k) => {
+                    k + 1 < parts.len()
+                        && p.file_name().is_some_and(|n| parts[k].matches_with(&n.to_string_lossy(), opts))
+                }
+            }
+        };
         let mut out = Vec::new();
         let mut visit = |p: &Path, m: &FileStat, is_link: bool| -> Result<bool, InputError> {
             if self.is_workdir(m) {
                 return Ok(false);
             }
-            if pattern.matches_path_with(p, opts) {
-                out.push(p.to_path_buf());
+            match p.to_str() {
+                Some(text) if pattern.matches_with(text, opts) => out.push(p.to_path_buf()),
+                Some(_) => {}
+                None if pattern.matches_with(&p.to_string_lossy(), opts) => {
+                    return Err(InputError::NotUtf8 { stage: stage.into(), path: p.to_path_buf() })
+                }
+                None => {}
             }
             if is_link && m.is_dir {
                 links.check_link(p)?;
             }
-            Ok(m.is_dir)
+            Ok(m.is_dir && enter(p))
         };
         walk(&start, &|p| self.stat(p), &mut visit).map_err(|e| self.walk_error(stage, e))?;
         out.sort();
