@@ -348,6 +348,67 @@ fn plan_says_what_would_run_and_why() {
     assert!(std::path::Path::new(common::stdout(&o).trim()).join("out").exists());
 }
 
+/// A stage is handed its upstream outputs in place: one that writes there fails, and the output
+/// it wrote into is removed and made again, never served as it was left.
+#[test]
+fn a_stage_that_writes_into_an_upstream_output_fails_and_that_output_is_made_again() {
+    let spec = r#"
+[pipeline]
+name = "given"
+[stages.up]
+kind = "command"
+run = ["sh", "-c", "echo x >> ../made; echo orig > $MFLOW_OUTPUT/f"]
+[stages.down]
+kind = "command"
+needs = ["up"]
+run = ["sh", "-c", "echo EVIL > $MFLOW_INPUT_UP/f; echo ok > $MFLOW_OUTPUT/o"]
+[stages.reader]
+kind = "command"
+needs = ["up"]
+run = ["sh", "-c", "cp $MFLOW_INPUT_UP/f $MFLOW_OUTPUT/f"]
+"#;
+    let p = project(spec);
+    let o = p.mflow(&["run", "spec.toml", "-j", "1", "down"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("changed the output of `up`") && stderr(&o).contains("`f` was written"),
+        "{}",
+        stderr(&o)
+    );
+    // `up` runs again rather than serving what `down` left.
+    let o = p.mflow(&["run", "spec.toml", "reader"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let made = std::fs::read_to_string(p.path().join("../made")).unwrap();
+    assert_eq!(made.lines().count(), 2, "up ran again");
+    let out = common::stdout(&p.mflow(&["output", "spec.toml", "reader"]));
+    assert_eq!(std::fs::read_to_string(std::path::Path::new(out.trim()).join("f")).unwrap(), "orig\n");
+}
+
+/// An input is hashed before its stage runs; one that changes while it runs (here the stage
+/// itself writes it) leaves no output under the key of its old content.
+#[test]
+fn an_input_changed_while_its_stage_runs_is_not_committed_under_its_old_key() {
+    let spec = r#"
+[pipeline]
+name = "given"
+[stages.a]
+kind = "command"
+inputs = ["in.txt"]
+run = ["sh", "-c", "cp in.txt $MFLOW_OUTPUT/copy; echo v2 > in.txt"]
+"#;
+    let p = project(spec);
+    std::fs::write(p.file("in.txt"), "v1\n").unwrap();
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("in.txt changed while the stage ran"), "{}", stderr(&o));
+    // Nothing was kept: the next run (of v2) runs, and then is cached.
+    let o = p.run(&[]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    std::fs::write(p.file("in.txt"), "v1\n").unwrap();
+    let o = p.mflow(&["plan", "spec.toml"]);
+    assert!(!common::stdout(&o).contains("cached"), "{}", common::stdout(&o));
+}
+
 /// Specs beside each other share a workdir, and often stage names: each pipeline's reasons
 /// compare with its own last keys, not with another spec's stage of the same name.
 #[test]

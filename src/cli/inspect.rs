@@ -126,7 +126,8 @@ pub fn output(a: OutputArgs, p: &Printer) -> Result<ExitCode, Error> {
 
 /// The key of stage `i`'s committed output for the spec as it is now.
 fn committed_key(plan: &plan::Plan, store: &crate::cache::Store, i: usize, spec: &Path) -> Result<String, Error> {
-    let decisions = plan::decide(plan, store, &record::LastKeys::open(&plan.spec.workdir(), &plan.spec.pipeline.name), &[], false);
+    let decisions =
+        plan::decide(plan, store, &record::LastKeys::open(&plan.spec.workdir(), &plan.spec.pipeline.name), &[], false);
     match &decisions[i].decision {
         plan::Decision::Cached { key } => Ok(key.clone()),
         d => Err(Error::usage(

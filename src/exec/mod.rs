@@ -4,6 +4,7 @@
 //! record.
 
 mod frontier;
+mod given;
 mod progress;
 pub mod retry;
 pub(crate) mod signals;

@@ -202,10 +202,17 @@ async fn attempt_once(arc: &Arc<Shared>, cx: &AttemptCx<'_>, attempt: u32) -> Re
         engine: st.engine.clone(),
         resumed_from: before,
     });
+    let given = super::given::Upstream::take(cx.upstream);
     let t0 = Instant::now();
     let watcher = tokio::spawn(super::progress::watch(progress_file, name.clone(), attempt, arc.clone()));
     let mut outcome = sh.backend.run(&job, sh.lines.clone(), sh.cancel.clone()).await;
     watcher.abort();
+    if !matches!(outcome, Outcome::Detached { .. }) {
+        let inputs = if outcome == Outcome::Success { &st.input_stats[..] } else { &[] };
+        if let Some(failed) = given_changed(sh, inputs, &given) {
+            outcome = failed;
+        }
+    }
     let reported: StatusReport =
         read_json(&status_file, SMALL_JSON).await.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default();
     {
@@ -240,6 +247,33 @@ async fn attempt_once(arc: &Arc<Shared>, cx: &AttemptCx<'_>, attempt: u32) -> Re
         verification: read_json(&staging.join("verification.json"), RESULT_JSON).await,
     };
     Ok(Tried { outcome, before, end, area })
+}
+
+/// The failure of an attempt whose inputs or upstream outputs are not as its key describes them
+/// (see [`super::given`]). An upstream output the stage wrote into is removed, to be made again.
+fn given_changed(
+    sh: &Shared,
+    inputs: &[(PathBuf, crate::cache::FileStat)],
+    given: &super::given::Upstream,
+) -> Option<Outcome> {
+    if let Some((stage, dir, why)) = given.changed() {
+        let key =
+            dir.file_name().and_then(|k| k.to_str()).filter(|_| dir.parent() == Some(&sh.store.workdir().cache()));
+        if let Some(key) = key {
+            let _ = sh.store.remove(key);
+        }
+        let message = format!(
+            "the stage changed the output of `{stage}` it was given ({why}): a stage reads its upstream outputs and \
+             writes only under $MFLOW_OUTPUT; that output is removed, and the next run makes it again"
+        );
+        return Some(Outcome::Failed { class: FailureClass::User, message });
+    }
+    let (path, how) = super::given::input_changed(inputs)?;
+    let message = format!(
+        "input {} {how} while the stage ran; its output is not kept, as its key was made from the file as it was: run again",
+        path.display()
+    );
+    Some(Outcome::Failed { class: FailureClass::User, message })
 }
 
 /// Commits a successful attempt's output and checks the stage's gates.

@@ -56,6 +56,9 @@ pub struct PlannedStage {
     /// The engine of a train or evaluate stage (an export's verification) and why; its name is
     /// in `parts.params`, the reason in no key.
     pub engine: Option<crate::stages::EngineChoice>,
+    /// The input files as they were when hashed into `parts.inputs`: a run checks after the
+    /// stage that they still are (`exec::given`).
+    pub input_stats: Vec<(std::path::PathBuf, crate::cache::FileStat)>,
 }
 
 #[derive(Debug, Clone)]
@@ -155,7 +158,7 @@ fn build_inner(
         let owned = stage_specs[i].take().expect("each stage once in the order");
         let st = &owned;
         let (params, canonical_params, engine) = params?;
-        let inputs = inputs?;
+        let (inputs, input_stats) = inputs?;
         let parts = KeyParts {
             kind: st.kind.name().to_string(),
             kind_version: st.kind.version(),
@@ -192,7 +195,7 @@ fn build_inner(
         {
             spec_of_stage.resources.gpus = spec_of_stage.typed.world_size() as u32;
         }
-        stages.push(PlannedStage { spec: spec_of_stage, deps, parts, canonical_params, inserted, engine });
+        stages.push(PlannedStage { spec: spec_of_stage, deps, parts, canonical_params, inserted, engine, input_stats });
     }
     Ok(Plan { spec, stages, root })
 }

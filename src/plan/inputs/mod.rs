@@ -69,6 +69,9 @@ impl mflow_untrusted::walk::Stat for FileStat {
     }
 }
 
+/// A stage's inputs: digests by path as written, and the stat of each file as it was hashed.
+pub type Digested = (BTreeMap<String, String>, Vec<(PathBuf, FileStat)>);
+
 /// The digest a plan made where the volume is not mounted gives an input on it.
 pub const ON_THE_VOLUME: &str = "on-the-volume";
 
@@ -128,15 +131,12 @@ impl InputHasher {
     }
 
     /// Expands `patterns` (relative to `base`, which must not be left) and digests every file.
-    /// Directories are walked. Keys of the result are the paths as the user wrote them, resolved.
-    pub fn digest(
-        &self,
-        stage: &str,
-        root: &Path,
-        patterns: &[String],
-    ) -> Result<BTreeMap<String, String>, InputError> {
+    /// Directories are walked. Keys of the result are the paths as the user wrote them, resolved;
+    /// with each file's stat as it was hashed, which the run compares after the stage.
+    pub fn digest(&self, stage: &str, root: &Path, patterns: &[String]) -> Result<Digested, InputError> {
         let base = self.base.as_path();
         let mut out = BTreeMap::new();
+        let mut stats = Vec::new();
         for pattern in patterns {
             let p = Path::new(pattern);
             if pattern.is_empty() {
@@ -233,9 +233,10 @@ impl InputHasher {
                     source,
                 })?;
                 out.insert(rel, d);
+                stats.push((f, meta));
             }
         }
-        Ok(out)
+        Ok((out, stats))
     }
 
     fn file(&self, path: &Path, meta: &FileStat) -> std::io::Result<String> {
@@ -337,7 +338,10 @@ impl InputHasher {
         let top = start.components().count();
         // Without `**`, a directory is entered only where its name matches its component.
         let parts: Option<Vec<glob::Pattern>> = (!full.to_string_lossy().contains("**")).then(|| {
-            full.components().skip(top).filter_map(|c| glob::Pattern::new(&c.as_os_str().to_string_lossy()).ok()).collect()
+            full.components()
+                .skip(top)
+                .filter_map(|c| glob::Pattern::new(&c.as_os_str().to_string_lossy()).ok())
+                .collect()
         });
         let enter = |p: &Path| {
             let Some(parts) = &parts else { return true };
