@@ -59,6 +59,13 @@ pub enum CkptError {
     #[diagnostic(code(mflow::ckpt::pickle), help("convert the model to safetensors first (e.g. with transformers' save_pretrained(safe_serialization=True)); pickle files can run arbitrary code"))]
     Pickle { file: String },
 
+    #[error("{dir}: holds both model.safetensors and model.safetensors.index.json, so which weights are the model's is not known")]
+    #[diagnostic(
+        code(mflow::ckpt::two_weights),
+        help("remove the one that is not the model: transformers would load model.safetensors and ignore the index's shards")
+    )]
+    TwoWeights { dir: String },
+
     #[error("{dir}: no model.safetensors or model.safetensors.index.json")]
     #[diagnostic(code(mflow::ckpt::no_weights), help("the model directory must hold safetensors weights"))]
     NoWeights { dir: String },

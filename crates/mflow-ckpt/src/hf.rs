@@ -92,6 +92,10 @@ type WeightMap = serde_json::Map<String, Value>;
 /// copied.
 fn weight_map(dir: &Path) -> Result<(Vec<String>, Option<WeightMap>), CkptError> {
     let index = dir.join(INDEX);
+    let single = dir.join("model.safetensors");
+    if index.symlink_metadata().is_ok() && single.symlink_metadata().is_ok() {
+        return Err(CkptError::TwoWeights { dir: dir.display().to_string() });
+    }
     if index.exists() {
         let v = read_json_in(dir, INDEX)?;
         let map = match v {
@@ -122,7 +126,7 @@ fn weight_map(dir: &Path) -> Result<(Vec<String>, Option<WeightMap>), CkptError>
         }
         return Ok((files.into_iter().collect(), Some(map)));
     }
-    if dir.join("model.safetensors").exists() {
+    if single.exists() {
         return Ok((vec!["model.safetensors".into()], None));
     }
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {

@@ -330,6 +330,19 @@ fn split_in_two(dir: &Path, first: &[(&str, &str)], index: impl FnOnce(&mut serd
     std::fs::write(dir.join("model.safetensors.index.json"), index).unwrap();
 }
 
+/// transformers loads model.safetensors where an index is beside it: which one the user means
+/// is not known, so neither is taken.
+#[test]
+fn a_single_weights_file_beside_an_index_is_refused() {
+    let (tmp, dir) = model();
+    let single = std::fs::read(dir.join("model.safetensors")).unwrap();
+    split_in_two(&dir, &[("model.norm.weight", "model.norm.weight")], |_| {});
+    std::fs::write(dir.join("model.safetensors"), single).unwrap();
+    let out = convert_fails(tmp.path(), &dir, 1, 1);
+    assert!(out.starts_with("mflow::ckpt::two_weights\n"), "{out}");
+    assert!(out.contains("holds both model.safetensors and model.safetensors.index.json"), "{out}");
+}
+
 #[test]
 fn a_tensor_found_in_another_file_than_the_index_names_is_refused_naming_both() {
     let (tmp, dir) = model();

@@ -1,18 +1,18 @@
 //! Finding the input files and streaming documents out of them: plain text (one document per
 //! file, per line or per paragraph) and JSONL, each optionally gzip- or zstd-compressed.
 
-use std::fmt;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::{atomic::AtomicU64, atomic::Ordering, Arc};
 
 use miette::Diagnostic;
-use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use serde::de::DeserializeSeed;
 use serde::Serialize;
 use thiserror::Error;
 
 use crate::options::{InputFormat, InvalidUtf8, SplitBy};
+use crate::text_field::{Found, TextField};
 
 const READ_BUFFER: usize = 1 << 20;
 
@@ -101,7 +101,7 @@ pub struct InputFile {
     pub bytes: u64,
 }
 
-/// Expands files and globs into a sorted, de-duplicated list.
+/// Expands files and globs into a sorted list with each file once, however it was named.
 pub fn expand(patterns: &[String], format: InputFormat) -> Result<Vec<InputFile>, InputError> {
     let mut paths = Vec::new();
     for pattern in patterns {
@@ -140,7 +140,13 @@ pub fn expand(patterns: &[String], format: InputFormat) -> Result<Vec<InputFile>
         }
     }
     paths.sort();
-    paths.dedup();
+    // The same file named twice (`data/*.jsonl` and `./data/a.jsonl`, or a link) is read once:
+    // its documents would otherwise land in train and in valid or test.
+    let mut seen = std::collections::HashSet::new();
+    paths.retain(|p| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).map_or(true, |m| seen.insert((m.dev(), m.ino())))
+    });
     paths
         .into_iter()
         .map(|path| {
@@ -446,55 +452,5 @@ impl<R: Read> Read for Counting<R> {
         self.left -= counted;
         self.count.fetch_add(counted, Ordering::Relaxed);
         Ok(n)
-    }
-}
-
-enum Found {
-    Text(String),
-    NotString(&'static str),
-    Missing(Vec<String>),
-}
-
-/// Pulls one string field out of a JSON object, skipping the other fields without building them.
-struct TextField<'k> {
-    key: &'k str,
-}
-
-impl<'de> DeserializeSeed<'de> for TextField<'_> {
-    type Value = Found;
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Found, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for TextField<'_> {
-    type Value = Found;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
-        let mut found: Option<Found> = None;
-        let mut fields = Vec::new();
-        while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if found.is_none() && k == self.key {
-                let v: serde_json::Value = map.next_value()?;
-                found = Some(match v {
-                    serde_json::Value::String(s) => Found::Text(s),
-                    serde_json::Value::Null => Found::NotString("null"),
-                    serde_json::Value::Bool(_) => Found::NotString("a boolean"),
-                    serde_json::Value::Number(_) => Found::NotString("a number"),
-                    serde_json::Value::Array(_) => Found::NotString("an array"),
-                    serde_json::Value::Object(_) => Found::NotString("an object"),
-                });
-            } else {
-                if fields.len() < 10 {
-                    fields.push(k.into_owned());
-                }
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-        Ok(found.unwrap_or(Found::Missing(fields)))
     }
 }

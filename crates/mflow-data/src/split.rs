@@ -57,6 +57,10 @@ impl SplitRatios {
         if w.iter().all(|x| x.fract() == 0.0) && sum <= MAX_BLOCK {
             return w.map(|x| x as u32);
         }
+        // Scaled by the largest first: weights near f64::MAX would sum to infinity.
+        let top = w.iter().copied().fold(0.0, f64::max);
+        let w = w.map(|x| x / top);
+        let sum: f64 = w.iter().sum();
         // largest remainder over a block of DEFAULT_BLOCK documents
         let exact = w.map(|x| x / sum * DEFAULT_BLOCK as f64);
         let mut counts = exact.map(|x| x.floor() as u32);
@@ -144,6 +148,10 @@ mod tests {
         assert_eq!(SplitRatios::parse("0.9,0.05,0.05").unwrap().block_counts(), [900, 50, 50]);
         assert_eq!(SplitRatios::parse("1,1,1.5").unwrap().block_counts(), [286, 286, 428]);
         assert_eq!(SplitRatios::parse("1,0,0").unwrap().block_counts(), [1, 0, 0]);
+        // weights whose sum is past f64::MAX, and tiny ones, keep their ratios
+        assert_eq!(SplitRatios::parse("1e308,1e308,0").unwrap().block_counts(), [500, 500, 0]);
+        assert_eq!(SplitRatios::parse("1.5e308,0,0.5e308").unwrap().block_counts(), [750, 0, 250]);
+        assert_eq!(SplitRatios::parse("9e-320,1e-320,0").unwrap().block_counts(), [900, 100, 0]);
     }
 
     #[test]

@@ -73,7 +73,7 @@ pub enum TokenizerError {
     )]
     Config { path: PathBuf, reason: String, specials: String },
 
-    #[error("--eod {token:?} is not a token of {path}")]
+    #[error("--eod {token:?} is not a token or an id of {path}")]
     #[diagnostic(
         code(mflow::data::tokenizer::unknown_eod),
         help(
@@ -321,21 +321,23 @@ fn load_hf(path: &Path, eod: Option<&str>, add_special_tokens: bool) -> Result<E
     };
 
     let (eod_id, eod_token) = match eod {
-        Some(token) => match tokenizer.token_to_id(token) {
-            Some(id) => (id, token.to_string()),
-            None => match token.parse::<u64>() {
-                Ok(id) if id < vocab_size => {
-                    let id = id as u32;
-                    (id, tokenizer.id_to_token(id).unwrap_or_default())
-                }
-                _ => {
-                    return Err(TokenizerError::UnknownEod {
-                        token: token.to_string(),
-                        path: path.to_path_buf(),
-                        specials: special_list(),
-                    })
-                }
-            },
+        // Digits are an id: every byte-level vocabulary also has the token "0" ... "9", which
+        // would otherwise end every document with a digit.
+        Some(token) => match (token.bytes().all(|b| b.is_ascii_digit()), token.parse::<u64>()) {
+            (true, Ok(id)) if id < vocab_size => {
+                let id = id as u32;
+                (id, tokenizer.id_to_token(id).unwrap_or_default())
+            }
+            (false, _) if tokenizer.token_to_id(token).is_some() => {
+                (tokenizer.token_to_id(token).expect("a token"), token.to_string())
+            }
+            _ => {
+                return Err(TokenizerError::UnknownEod {
+                    token: token.to_string(),
+                    path: path.to_path_buf(),
+                    specials: special_list(),
+                })
+            }
         },
         None => {
             let config_err =

@@ -150,3 +150,24 @@ fn plan_time_option_checks() {
 fn nothing_for_the_train_split() {
     insta::assert_snapshot!(fails(&["tests/fixtures/corpus/docs.jsonl"], &["--splits", "0,1,0"]));
 }
+
+/// A file named twice (by a glob and by its path, through `./` or a link) is read once: its
+/// documents must not land in train and in valid or test as well.
+#[test]
+fn a_file_named_twice_is_read_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let lines: String = (0..50).map(|i| format!("{{\"text\": \"document {i}\"}}\n")).collect();
+    std::fs::write(data.join("a.jsonl"), &lines).unwrap();
+    std::os::unix::fs::symlink("a.jsonl", data.join("link.jsonl")).unwrap();
+    let dir = data.display();
+    let named = [format!("{dir}/*.jsonl"), format!("{dir}/./a.jsonl"), format!("{dir}/a.jsonl")];
+    let out = tmp.path().join("ds");
+    let mut argv: Vec<&str> = named.iter().map(String::as_str).collect();
+    argv.extend(["--tokenizer", "byte-level", "--out", out.to_str().unwrap()]);
+    run(&argv).unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("dataset.json")).unwrap()).unwrap();
+    let docs: u64 = ["train", "valid", "test"].iter().filter_map(|s| stats["splits"][s]["documents"].as_u64()).sum();
+    assert_eq!(docs, 50, "{stats}");
+}

@@ -141,6 +141,42 @@ fn tokenizer_files_linked_out_of_their_directory_are_not_used() {
     assert_eq!(meta["eod_token"], serde_json::Value::from(ordinary));
 }
 
+/// `--eod` of digits is an id: a byte-level vocabulary has the tokens "0" to "9" too.
+#[test]
+fn an_eod_of_digits_is_an_id_not_the_digit_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{TOK}/tokenizer.json")).unwrap()).unwrap();
+    let vocab = tok["model"]["vocab"].as_object().unwrap();
+    let digit = vocab["0"].as_u64().unwrap();
+    assert_ne!(digit, 0, "the fixture's digit token is not id 0");
+    let token_of = |id: u64| vocab.iter().find(|(_, v)| v.as_u64() == Some(id)).map(|(k, _)| k.clone()).unwrap();
+    for (n, (eod, id)) in
+        [("0", 0), ("2", 2), ("<|endoftext|>", tok["added_tokens"][0]["id"].as_u64().unwrap())].into_iter().enumerate()
+    {
+        let out = tmp.path().join(format!("ds-{n}"));
+        run(&[&corpus(tmp.path()), "--tokenizer", TOK, "--out", out.to_str().unwrap(), "--eod", eod]).unwrap();
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("dataset.json")).unwrap()).unwrap();
+        assert_eq!(meta["eod_id"], id, "--eod {eod}");
+        if eod.starts_with('<') {
+            continue;
+        }
+        assert_eq!(meta["eod_token"], serde_json::Value::from(token_of(id)), "--eod {eod}");
+    }
+    let out = tmp.path().join("ds-big").display().to_string();
+    let text = fails(vec![
+        corpus(tmp.path()),
+        "--tokenizer".into(),
+        TOK.into(),
+        "--out".into(),
+        out,
+        "--eod".into(),
+        "99999999".into(),
+    ]);
+    assert!(text.contains("not a token or an id"), "{text}");
+}
+
 #[test]
 fn eos_lookup_never_panics_on_odd_configs() {
     for doc in [
