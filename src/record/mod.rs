@@ -238,7 +238,7 @@ mod tests {
         let last = LastKeys::open(&Workdir::new(dir.path()), "p");
         assert_eq!(last.get("a"), Some(&parts("x")));
         assert_eq!(last.get("b"), None, "b was lost with the removed keys.json, and not invented");
-        let index = std::fs::read_to_string(Workdir::new(dir.path()).state_file("keys.index")).unwrap();
+        let index = std::fs::read_to_string(Workdir::new(dir.path()).state_file("keys-p.index")).unwrap();
         assert_eq!(index, format!("a {}\n", parts("x").key()));
     }
 
@@ -246,9 +246,9 @@ mod tests {
     fn a_missing_index_merges_again() {
         let dir = tempfile::tempdir().unwrap();
         LastKeys::open(&Workdir::new(dir.path()), "p").save(&keyed(&[("a", ""), ("b", "")]));
-        std::fs::remove_file(Workdir::new(dir.path()).state_file("keys.index")).unwrap();
+        std::fs::remove_file(Workdir::new(dir.path()).state_file("keys-p.index")).unwrap();
         LastKeys::open(&Workdir::new(dir.path()), "p").save(&keyed(&[("a", "")]));
-        let index = std::fs::read_to_string(Workdir::new(dir.path()).state_file("keys.index")).unwrap();
+        let index = std::fs::read_to_string(Workdir::new(dir.path()).state_file("keys-p.index")).unwrap();
         assert_eq!(index.lines().count(), 2);
         assert_eq!(LastKeys::open(&Workdir::new(dir.path()), "p").get("b"), Some(&parts("")));
     }

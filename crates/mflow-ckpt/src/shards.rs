@@ -148,6 +148,7 @@ pub fn open(dir: &Path, then: Then) -> Result<Shards, CkptError> {
     let dtype = dtype_from_name(&m.dtype)
         .ok_or_else(|| bad(&path, "dtype", format!("`{}` is not float32, bfloat16 or float16", excerpt(&m.dtype))))?;
     check_parallelism(shape, m.tp, m.pp)?;
+    check_against_config(dir, &m)?;
     if m.model.padded_vocab_size != shape.padded_vocab(m.tp) {
         return Err(bad(
             &path,
@@ -324,6 +325,32 @@ pub fn manifest(shape: &ModelShape, tp: u32, pp: u32, dtype: Dtype, files: Vec<F
         layers_per_stage: vec![shape.num_layers / pp as u64; pp as usize],
         model: ManifestModel { shape: shape.clone(), padded_vocab_size: shape.padded_vocab(tp) },
         files,
+    }
+}
+
+/// The manifest's model against the Hugging Face config it was made from, which export writes
+/// out as config.json: neither file is covered by a digest, and a shape they disagree on would
+/// give a model whose config does not describe its weights.
+fn check_against_config(dir: &Path, m: &Manifest) -> Result<(), CkptError> {
+    let config = dir.join(HF_CONFIG);
+    let says = crate::shape::from_hf_config(&config.display().to_string(), &hf_config(dir)?)?;
+    let [ours, theirs] = [&m.model.shape, &says].map(|s| serde_json::to_value(s).expect("a shape is JSON"));
+    let differs = ours.as_object().and_then(|o| o.iter().find(|(k, v)| theirs.get(k.as_str()) != Some(v)));
+    let differs = match differs {
+        Some((key, value)) => Some((format!("model.{key}"), value.to_string(), theirs[key.as_str()].to_string())),
+        None if m.architecture != says.architecture.name() => {
+            Some(("architecture".into(), format!("{:?}", m.architecture), format!("{:?}", says.architecture.name())))
+        }
+        None => None,
+    };
+    match differs {
+        Some((key, ours, theirs)) => Err(CkptError::Config {
+            file: dir.join(MANIFEST).display().to_string(),
+            key,
+            reason: format!("is {}, but {} says {}", excerpt(&ours), config.display(), excerpt(&theirs)),
+            help: "the manifest and the model's config disagree, so which one describes the weights is not known; regenerate the shards with `mflow convert`".into(),
+        }),
+        None => Ok(()),
     }
 }
 

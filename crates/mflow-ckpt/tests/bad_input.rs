@@ -406,6 +406,38 @@ fn a_rank_listed_twice_in_a_shards_manifest_is_refused() {
     );
 }
 
+/// A shards directory's model config and manifest are covered by no digest; export writes the
+/// config out beside the weights, so the two must agree on the shape the weights have.
+#[test]
+fn a_shards_config_or_manifest_that_disagree_are_refused() {
+    let (tmp, dir) = model();
+    let shards = tmp.path().join("shards");
+    convert(&dir, &shards, 2, 1, None).unwrap();
+    let edits: [(&str, &str, fn(&mut Value)); 4] = [
+        ("hf_config.json", "model.num_layers", |v| v["num_hidden_layers"] = 2.into()),
+        ("hf_config.json", "model.rotary_base", |v| v["rope_parameters"]["rope_theta"] = 1234.5.into()),
+        ("mflow-checkpoint.json", "model.vocab_size", |v| v["model"]["vocab_size"] = 1000.into()),
+        ("mflow-checkpoint.json", "architecture", |v| v["architecture"] = "qwen2".into()),
+    ];
+    for (file, key, edit) in edits {
+        let path = shards.join(file);
+        let before = std::fs::read_to_string(&path).unwrap();
+        let mut v: Value = serde_json::from_str(&before).unwrap();
+        edit(&mut v);
+        std::fs::write(&path, v.to_string()).unwrap();
+        let Err(err) = export(&shards, &tmp.path().join("back")) else { panic!("{file}: {key} was not refused") };
+        let out = render(&err, tmp.path());
+        assert!(out.starts_with("mflow::ckpt::config\n"), "{file}: {out}");
+        assert!(
+            out.contains(&format!("mflow-checkpoint.json: `{key}`: is ")) && out.contains("hf_config.json says"),
+            "{file}: {out}"
+        );
+        assert!(!tmp.path().join("back").exists());
+        std::fs::write(&path, before).unwrap();
+    }
+    export(&shards, &tmp.path().join("back")).unwrap();
+}
+
 #[test]
 fn tied_output_layer_of_another_shape() {
     let (tmp, dir) = model();
