@@ -55,6 +55,26 @@ fn reproduces_with_the_recorded_overrides_and_matching_keys() {
     assert_eq!(r["stages"]["read"]["status"], "cached");
 }
 
+/// A run of some stages reproduces those stages: a stage the run did not pin is not run, and
+/// its input changing since is no reason to refuse.
+#[test]
+fn a_run_of_some_stages_reproduces_those_stages() {
+    let spec =
+        format!("{SPEC}\n[stages.other]\nkind = \"command\"\nrun = [\"sh\", \"-c\", \"echo o > $MFLOW_OUTPUT/o\"]\n");
+    let p = Project::new(&spec);
+    std::fs::write(p.file("data.txt"), "one\n").unwrap();
+    let o = p.mflow(&["run", "spec.toml", "other"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let id = first_run(&p);
+    std::fs::write(p.file("data.txt"), "changed\n").unwrap();
+    let o = p.mflow(&["reproduce", &id]);
+    let err = stderr(&o);
+    assert_eq!(code(&o), 0, "{err}");
+    assert!(err.contains("running 1 stage(s)") && err.contains("reproduced"), "{err}");
+    let r = p.latest_record();
+    assert!(r["stages"].get("read").is_none() && r["stages"].get("count").is_none(), "{r}");
+}
+
 #[test]
 fn a_changed_input_file_is_refused_by_name() {
     let p = project();

@@ -55,12 +55,19 @@ pub fn prepare(workdir: &Workdir, run: &str) -> Result<Result<Prepared, Refusal>
         )])));
     }
     let spec_path = locate_spec(workdir.root(), &lock.spec);
-    let spec = match crate::spec::parse(&spec_path, &text, &lock.overrides) {
+    let mut spec = match crate::spec::parse(&spec_path, &text, &lock.overrides) {
         Ok(s) => s,
         Err(e) => {
             return Ok(Err(Refusal(vec![format!("spec: the recorded spec no longer parses with this mflow: {e}")])))
         }
     };
+    // The run's selection: the stages its lockfile pins (a run of some stages pins those and
+    // what they need), not the whole spec. Pinned stages the plan inserts (reshards), or that
+    // are gone, are the plan comparison's to report.
+    let locked: Vec<String> = lock.stages.keys().filter(|n| spec.stage(n).is_some()).cloned().collect();
+    if !locked.is_empty() {
+        spec.keep_stages_for(&locked).expect("every kept name is a stage");
+    }
     if !same_dir(spec.workdir().root(), workdir.root()) {
         return Ok(Err(Refusal(vec![format!(
             "spec: the recorded spec path `{}` does not lead back to the workdir {} (run `mflow reproduce` from the directory the run was started in)",
