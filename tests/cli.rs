@@ -108,3 +108,15 @@ fn a_closed_pipe_is_a_clean_end() {
         assert_eq!(stdout(&o).trim(), "exit=0", "{cmd}: {err}");
     }
 }
+
+/// `--jobs 0` would run nothing and wait forever: refused as `[pipeline] jobs = 0` is.
+#[test]
+fn jobs_of_zero_is_a_usage_error() {
+    let p = Project::new("[pipeline]\nname = \"j\"\n[stages.a]\nkind = \"command\"\nrun = [\"true\"]\n");
+    for jobs in ["0", "-1", "99999"] {
+        let o = p.mflow(&["run", "spec.toml", "--jobs", jobs]);
+        assert_eq!(code(&o), 2, "{jobs}: {}", stderr(&o));
+        assert!(stderr(&o).contains("--jobs") || stderr(&o).contains("unexpected argument"), "{}", stderr(&o));
+    }
+    assert_eq!(code(&p.mflow(&["run", "spec.toml", "-j", "1"])), 0);
+}

@@ -27,6 +27,10 @@ impl Condition {
             .find_map(|(p, op)| s.strip_prefix(p).map(|r| (*op, r)))
             .ok_or_else(|| format!("`{s}` does not start with <, <=, >, >=, == or !="))?;
         let value = rest.trim().parse::<f64>().map_err(|_| format!("`{}` is not a number", rest.trim()))?;
+        // NaN compares false with everything: such a gate could never pass, or never fail.
+        if !value.is_finite() {
+            return Err(format!("`{}` is not a finite number", rest.trim()));
+        }
         Ok(Condition { op, value })
     }
 
@@ -70,6 +74,9 @@ mod tests {
         assert!(Condition::parse(">= -0.5").unwrap().holds(-0.5));
         assert!(Condition::parse("about 3").is_err());
         assert!(Condition::parse("< x").is_err());
+        for odd in ["< nan", "!= NaN", "> inf", "<= -infinity"] {
+            assert!(Condition::parse(odd).unwrap_err().contains("not a finite number"), "{odd}");
+        }
     }
 
     #[test]

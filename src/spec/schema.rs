@@ -23,6 +23,8 @@ pub enum Ty {
     List,
     /// "5s", "10m", "1h30m"
     Duration,
+    /// A [`Ty::Duration`] above zero: a limit of nothing would end everything at once.
+    Timeout,
     Enum(&'static [&'static str]),
     /// A table of string values (gates).
     StrMap,
@@ -194,7 +196,17 @@ fn check_value(src: &Src, node: &Node, field: &Field, key: &str, errors: &mut Ve
             Some(Json::Array(list))
         }
         (Ty::List, Val::Array(_)) => Some(v.to_json()),
-        (Ty::Duration, Val::Str(s)) => match humantime::parse_duration(s) {
+        (Ty::Duration | Ty::Timeout, Val::Str(s)) => match humantime::parse_duration(s) {
+            Ok(d) if d.is_zero() && matches!(field.ty, Ty::Timeout) => {
+                errors.push(invalid(
+                    src,
+                    node,
+                    key,
+                    "zero: every attempt would end at once",
+                    "give a positive duration, or leave the key out for no limit",
+                ));
+                return None;
+            }
             Ok(_) => Some(Json::String(s.clone())),
             Err(e) => {
                 errors.push(invalid(
@@ -349,6 +361,7 @@ fn expected(ty: Ty) -> &'static str {
         Ty::StrList => "an array of strings",
         Ty::List => "an array",
         Ty::Duration => "a duration string",
+        Ty::Timeout => "a duration string above zero",
         Ty::Enum(_) => "a string",
         Ty::StrMap => "a table of strings",
         Ty::Env => "a table of environment variables",
@@ -388,7 +401,7 @@ fn ty_schema(ty: Ty) -> Json {
         Ty::Bool => json!({"type": "boolean"}),
         Ty::StrList => json!({"type": "array", "items": {"type": "string"}}),
         Ty::List => json!({"type": "array"}),
-        Ty::Duration => json!({"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d) *)+$"}),
+        Ty::Duration | Ty::Timeout => json!({"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d) *)+$"}),
         Ty::Enum(c) => json!({"type": "string", "enum": c}),
         Ty::StrMap => json!({"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}),
         Ty::Env => json!({

@@ -62,7 +62,7 @@ pub const KUBERNETES: &[Field] = &[
     def("cpu_runtime", Ty::Str, "\"mflow-cpu\"", "ClusterTrainingRuntime for CPU stages"),
     def(
         "start_timeout",
-        Ty::Duration,
+        Ty::Timeout,
         "\"15m\"",
         "how long a TrainJob may wait for its pods to start (Kueue queueing aside) before the attempt fails as infra",
     ),
@@ -75,7 +75,7 @@ pub const PIPELINE: &[Field] = &[
     def("workdir", Ty::Str, "\".mflow\"", "run records and cache, relative to the spec's directory"),
     def("backend", Ty::Enum(&["local", "kubernetes"]), "\"local\"", "where stages run"),
     opt("retries", Ty::Table(RETRY), "default retry policy for every stage"),
-    opt("timeout", Ty::Duration, "default timeout for every stage"),
+    opt("timeout", Ty::Timeout, "default timeout for every stage"),
     opt("jobs", COUNT, "stages run at the same time (default: number of CPUs)"),
     opt("kubernetes", Ty::Table(KUBERNETES), "settings of the kubernetes backend"),
 ];
@@ -94,7 +94,7 @@ pub const SCHEDULE: &[Field] = &[
 pub const NOTIFY: &[Field] = &[
     req("webhook", Ty::Checked(webhook), "http(s) URL that receives a JSON summary (POST)"),
     def("on", Ty::StrList, "[\"success\", \"failure\"]", "when to notify"),
-    def("timeout", Ty::Duration, "\"10s\"", "per request"),
+    def("timeout", Ty::Timeout, "\"10s\"", "per request"),
     def("retries", NATURAL, "3", "retries with exponential backoff"),
 ];
 
@@ -105,7 +105,7 @@ pub const COMMON: &[Field] = &[
     def("needs", Ty::StrList, "[]", "stages that must finish first (references in values add edges too)"),
     def("inputs", Ty::StrList, "[]", "files or globs the stage reads, relative to the spec; their content enters the cache key (for `dataset`: the corpus, text or JSONL, gz and zst too). A symbolic link among them, or in a directory they name, must resolve inside the project (the git work tree, else the spec's directory) or the plan is refused (`mflow::plan::input_link_escapes`); an absolute path outside the project is read where it is, links in it staying inside it. mflow's workdir is never an input: a glob or directory passes it by, a path into it is refused"),
     opt("retries", Ty::Table(RETRY), "retry policy"),
-    opt("timeout", Ty::Duration, "kill the attempt after this long"),
+    opt("timeout", Ty::Timeout, "kill the attempt after this long"),
     opt("resources", Ty::Table(RESOURCES), "resources the stage needs"),
     def("env", Ty::Env, "{}", "extra environment variables (names of letters, digits and `_`); not credentials (`HF_TOKEN`, `*_API_KEY`, `*_PASSWORD`, ...), which a spec's records would keep: stages inherit them from mflow's own environment"),
     def("cache", Ty::Bool, "true", "false: always rerun"),

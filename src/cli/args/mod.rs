@@ -225,7 +225,7 @@ pub struct RunArgs {
     #[arg(value_name = "STAGE", add = super::complete::stage_names())]
     pub stages: Vec<String>,
     /// Stages running at the same time (default: CPUs).
-    #[arg(long, short)]
+    #[arg(long, short, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
     pub jobs: Option<usize>,
     /// Run this stage even if cached (repeatable).
     #[arg(long, value_name = "STAGE", add = super::complete::stage_names())]
