@@ -709,3 +709,16 @@ fn named_stages_run_with_what_they_need_and_nothing_after() {
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("unknown stage `nope`"), "{}", stderr(&o));
 }
+
+/// `--force` of a stage the run does not select says so, rather than "unknown stage".
+#[test]
+fn force_of_a_stage_outside_the_selection_says_so() {
+    let p = project(&diamond());
+    let o = p.mflow(&["run", "spec.toml", "b", "--force", "c"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("force_unselected") && stderr(&o).contains("not one this run runs"), "{}", stderr(&o));
+    let o = p.mflow(&["run", "spec.toml", "b", "--force", "nope"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("unknown stage `nope`"), "{}", stderr(&o));
+    assert_eq!(code(&p.mflow(&["run", "spec.toml", "b", "--force", "a"])), 0);
+}

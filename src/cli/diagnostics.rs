@@ -134,6 +134,7 @@ pub const DIAGNOSTICS: &[(&str, &str, &str)] = &[
     ("mflow::output::file_type", "{} is {kind}; mflow writes there only to a regular file, a FIFO or a character device", "name a file, or remove what is in its place"),
     ("mflow::output::io", "cannot write {}", "check that the directory exists and is writable"),
     ("mflow::output::owned", "{} is {what}, which mflow keeps for itself; it does not write a report or a download there", "name a path outside the workdir and MFLOW_HOME, other than the spec"),
+    ("mflow::plan::force_unselected", "--force {0}: stage `{0}` is not one this run runs", "name it among the stages to run as well, or run without naming stages"),
     ("mflow::plan::input_cycle", "stage `{stage}`: input directory `{}` leads back into itself through a symbolic link", "remove the link, or name the files below it in `inputs`"),
     ("mflow::plan::input_escapes", "stage `{stage}`: input `{pattern}` leaves the project directory {}", "keep relative inputs inside the project, or give an absolute path"),
     ("mflow::plan::input_in_workdir", "stage `{stage}`: input `{pattern}` is inside mflow's workdir {}", "read another stage's result through `stages.NAME.output` in its parameters: the workdir's files change with every run"),

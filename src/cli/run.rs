@@ -18,16 +18,17 @@ pub fn run(args: RunArgs, p: &Printer) -> Result<ExitCode, Error> {
         std::thread::spawn(move || (crate::cache::LogRead::read(&workdir), plan::inputs::KnownInputs::read(&workdir)))
     };
     let mut s = spec::load_on(&path, &args.spec.set, args.backend.map(BackendChoice::kind))?;
+    if let Some(f) = args.force.iter().find(|f| s.stage(f).is_none()) {
+        return Err(plan::PlanError::UnknownStage(f.clone()).into());
+    }
     s.keep_stages_for(&args.stages).map_err(plan::PlanError::UnknownStage)?;
     // Refused before anything runs: a report over the spec or into the workdir.
     let owned = crate::user_output::Owned::new(s.workdir().root()).spec(&path);
     for out in args.junit.iter().chain(&args.report) {
         user_named(&owned, out)?;
     }
-    for f in &args.force {
-        if s.stage(f).is_none() {
-            return Err(plan::PlanError::UnknownStage(f.clone()).into());
-        }
+    if let Some(f) = args.force.iter().find(|f| s.stage(f).is_none()) {
+        return Err(plan::PlanError::NotSelected(f.clone()).into());
     }
     let on_cluster = s.pipeline.backend == BackendKind::Kubernetes;
     let env = Environment::detect(s.python.as_deref());

@@ -36,6 +36,12 @@ pub enum PlanError {
     #[error("unknown stage `{0}`")]
     #[diagnostic(code(mflow::plan::unknown_stage), help("`mflow plan SPEC` lists the stages"))]
     UnknownStage(String),
+    #[error("--force {0}: stage `{0}` is not one this run runs")]
+    #[diagnostic(
+        code(mflow::plan::force_unselected),
+        help("name it among the stages to run as well, or run without naming stages")
+    )]
+    NotSelected(String),
     /// The spec is fine; something it names could not be reached (exit code 3, not 2).
     #[error("stage `{stage}`: {message}")]
     #[diagnostic(code(mflow::plan::unavailable), help("{help}"))]
