@@ -530,3 +530,20 @@ fn hardening_an_input_name_that_is_not_utf8_is_refused_not_passed_by() {
         assert_eq!(code(&o), 0, "{inputs}: {}", stderr(&o));
     }
 }
+
+/// A FIFO named as an input is named as one, not as a path that matches nothing; met inside
+/// a directory input it is passed by, as it holds no content to key.
+#[test]
+fn hardening_a_fifo_named_as_an_input_is_said_to_be_one() {
+    let p = Project::new(&reading(r#"["pipe"]"#));
+    mkfifo(&p.file("pipe"));
+    let o = within(p.cmd(&["plan", "spec.toml"]));
+    let err = said(&o);
+    assert_eq!(code(&o), 2, "{err}");
+    assert!(err.contains("mflow::plan::input_io") && err.contains("pipe") && err.contains("FIFO"), "{err}");
+    std::fs::create_dir(p.file("d")).unwrap();
+    std::fs::write(p.file("d/f"), "f").unwrap();
+    std::fs::rename(p.file("pipe"), p.file("d/pipe")).unwrap();
+    p.write_spec(&reading(r#"["d"]"#));
+    assert_eq!(code(&within(p.cmd(&["plan", "spec.toml"]))), 0);
+}

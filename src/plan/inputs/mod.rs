@@ -285,7 +285,13 @@ impl InputHasher {
                 out.push((path.to_path_buf(), m));
                 return Ok(());
             }
-            _ => return Ok(()),
+            // A FIFO, socket or device: named as such, not as a path that matches nothing.
+            Some(_) => {
+                let kind = std::fs::metadata(path).map(|m| m.file_type());
+                let source = kind.map_or_else(|e| e, mflow_untrusted::not_regular);
+                return Err(InputError::Io { stage: links.stage.into(), path: path.to_path_buf(), source });
+            }
+            None => return Ok(()),
         }
         // The walk every input shares: a cycle of links, or a tree past its bounds, is an error.
         let mut visit = |p: &Path, m: &FileStat, is_link: bool| -> Result<bool, InputError> {
