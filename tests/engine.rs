@@ -722,3 +722,18 @@ fn force_of_a_stage_outside_the_selection_says_so() {
     assert!(stderr(&o).contains("unknown stage `nope`"), "{}", stderr(&o));
     assert_eq!(code(&p.mflow(&["run", "spec.toml", "b", "--force", "a"])), 0);
 }
+
+/// A stage with `cache = false` runs every time, and its newest output is still the one
+/// `mflow output` names.
+#[test]
+fn the_output_of_an_uncached_stage_is_found() {
+    let spec = "[pipeline]\nname = \"u\"\n[stages.a]\nkind = \"command\"\ncache = false\nrun = [\"sh\", \"-c\", \"echo hi > $MFLOW_OUTPUT/x\"]\n";
+    let p = project(spec);
+    let o = p.mflow(&["output", "spec.toml", "a"]);
+    assert_eq!(code(&o), 2, "before any run: {}", stderr(&o));
+    assert_eq!(code(&p.run(&[])), 0);
+    let o = p.mflow(&["output", "spec.toml", "a"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let dir = common::stdout(&o);
+    assert_eq!(std::fs::read_to_string(std::path::Path::new(dir.trim()).join("x")).unwrap(), "hi\n");
+}

@@ -130,6 +130,12 @@ fn committed_key(plan: &plan::Plan, store: &crate::cache::Store, i: usize, spec:
         plan::decide(plan, store, &record::LastKeys::open(&plan.spec.workdir(), &plan.spec.pipeline.name), &[], false);
     match &decisions[i].decision {
         plan::Decision::Cached { key } => Ok(key.clone()),
+        // Never reused, but its newest output for this key is committed all the same.
+        plan::Decision::Run { key: Some(key), .. }
+            if !plan.stages[i].spec.cache && matches!(store.lookup(key, false), crate::cache::Lookup::Hit(_)) =>
+        {
+            Ok(key.clone())
+        }
         d => Err(Error::usage(
             format!(
                 "stage `{}` has no committed output for the current spec ({})",
