@@ -120,3 +120,28 @@ fn jobs_of_zero_is_a_usage_error() {
     }
     assert_eq!(code(&p.mflow(&["run", "spec.toml", "-j", "1"])), 0);
 }
+
+/// The standalone tools take a bad flag value as any command does (exit 2), and a failure of
+/// the work itself as a stage's (exit 1).
+#[test]
+fn a_tools_bad_flag_value_exits_2_and_its_failed_work_exits_1() {
+    let p = Project::new("[pipeline]\nname = \"t\"\n[stages.a]\nkind = \"command\"\nrun = [\"true\"]\n");
+    std::fs::write(p.file("c.jsonl"), "{\"text\": \"hello\"}\n").unwrap();
+    assert_eq!(code(&p.mflow(&["model", "init:llama-tiny", "m"])), 0);
+    for args in [
+        &["model", "init:nope", "x"][..],
+        &["convert", "m", "s", "--pp", "3"],
+        &["convert", "m", "s", "--dtype", "int8"],
+        &["dataset", "c.jsonl", "--tokenizer", "byte-level", "--out", "d", "--splits", "0,0,0"],
+        &["dataset", "c.jsonl", "--tokenizer", "m", "--out", "d", "--eod", "<no such token>"],
+        &["dataset", "c.jsonl", "--tokenizer", "byte-level", "--out", "d", "--text-key", ""],
+    ] {
+        let o = p.mflow(args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        assert!(!p.file("x").exists() && !p.file("s").exists() && !p.file("d").exists(), "{args:?}");
+    }
+    // A corpus line that is not JSON is the work's failure, not the command line's.
+    std::fs::write(p.file("c.jsonl"), "{not json\n").unwrap();
+    let o = p.mflow(&["dataset", "c.jsonl", "--tokenizer", "byte-level", "--out", "d"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+}

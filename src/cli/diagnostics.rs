@@ -21,7 +21,7 @@ pub const DIAGNOSTICS: &[(&str, &str, &str)] = &[
     ("mflow::ckpt::count", "{file}: `{key}` is {found} but the weights hold {present}", "depends on the case; the message gives it"),
     ("mflow::ckpt::destination_exists", "{path}: already exists and is not an empty directory", "choose a new destination or remove the existing one"),
     ("mflow::ckpt::dtype", "{file}: tensor `{}` is {found} but the checkpoint is {}", "all weights must share one floating-point dtype (float32, bfloat16 or float16)"),
-    ("mflow::ckpt::dtype_arg", "unknown dtype `{value}`", "use keep, float32 or bfloat16"),
+    ("mflow::ckpt::dtype_arg", "unknown dtype `{value}`", "use keep, float32, bfloat16 or float16"),
     ("mflow::ckpt::file::escapes", "{link}: resolves to {target}, outside {dir}", "replace the link with a copy of the file; files of a model directory must resolve inside it"),
     ("mflow::ckpt::file::not_regular", "{file}: is a {kind}, not a regular file", "replace it with the regular file it should be; mflow does not read FIFOs, sockets, devices or directories in its place"),
     ("mflow::ckpt::file::open", "{file}: cannot open: {source}", "check that the file exists and is readable"),

@@ -47,8 +47,26 @@ pub fn native(command: impl FnOnce() -> miette::Result<()>) -> Result<ExitCode, 
     crate::errln!("{report:?}");
     let class = native_class(&report);
     report_status(class, &report.to_string());
-    Ok(if class == FailureClass::Infra { ExitCode::Infra } else { ExitCode::StageFailed })
+    let code = report.code().map(|c| c.to_string()).unwrap_or_default();
+    Ok(if USAGE.iter().any(|u| code == *u || (u.ends_with("::") && code.starts_with(u))) {
+        ExitCode::Invalid
+    } else if class == FailureClass::Infra {
+        ExitCode::Infra
+    } else {
+        ExitCode::StageFailed
+    })
 }
+
+/// Diagnostics (codes, or prefixes ending in `::`) of a command line the command cannot take:
+/// exit 2, as for any other invalid command line, while the stage's class stays `user`.
+const USAGE: &[&str] = &[
+    "mflow::ckpt::dtype_arg",
+    "mflow::ckpt::source",
+    "mflow::ckpt::parallelism",
+    "mflow::data::options::",
+    "mflow::data::split::",
+    "mflow::data::tokenizer::unknown_eod",
+];
 
 /// For a command that writes an output directory through a staging directory
 /// (`mflow_untrusted::staging`): from now on, the signals that stop `mflow run` stop it the same

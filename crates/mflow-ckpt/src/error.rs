@@ -122,7 +122,7 @@ pub enum CkptError {
     DestinationExists { path: String },
 
     #[error("unknown dtype `{value}`")]
-    #[diagnostic(code(mflow::ckpt::dtype_arg), help("use keep, float32 or bfloat16"))]
+    #[diagnostic(code(mflow::ckpt::dtype_arg), help("use keep, float32, bfloat16 or float16"))]
     DtypeArg { value: String },
 
     #[error("unknown model source `{source_spec}`")]
