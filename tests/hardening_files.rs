@@ -547,3 +547,16 @@ fn hardening_a_fifo_named_as_an_input_is_said_to_be_one() {
     p.write_spec(&reading(r#"["d"]"#));
     assert_eq!(code(&within(p.cmd(&["plan", "spec.toml"]))), 0);
 }
+
+/// An input the plan refuses is quoted where the spec names it, as other spec errors are.
+#[test]
+fn hardening_a_refused_input_is_quoted_at_its_place_in_the_spec() {
+    let p = Project::new(&reading(r#"["a.txt", "missing/*.txt"]"#));
+    std::fs::write(p.file("a.txt"), "a").unwrap();
+    let o = within(p.cmd(&["plan", "spec.toml"]));
+    let err = said(&o);
+    assert_eq!(code(&o), 2, "{err}");
+    assert!(err.contains("spec.toml:6:") && err.contains("this input") && err.contains("input_missing"), "{err}");
+    let o = within(p.cmd(&["validate", "spec.toml"]));
+    assert!(said(&o).contains("spec.toml:6:"), "{}", said(&o));
+}

@@ -19,13 +19,13 @@ use crate::cache::{Lookup, Store};
 use crate::env::Environment;
 use crate::spec::{Spec, StageSpec};
 use crate::stages::Kind;
-use inputs::{InputError, InputHasher};
+use inputs::InputHasher;
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum PlanError {
     #[error(transparent)]
     #[diagnostic(transparent)]
-    Input(#[from] InputError),
+    Input(#[from] inputs::Placed),
     /// A layout that cannot split its model, at its place in the spec.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -164,7 +164,7 @@ fn build_inner(
         let owned = stage_specs[i].take().expect("each stage once in the order");
         let st = &owned;
         let (params, canonical_params, engine) = params?;
-        let (inputs, input_stats) = inputs?;
+        let (inputs, input_stats) = inputs.map_err(|e| inputs::Placed::in_spec(e, &spec, &st.name))?;
         let parts = KeyParts {
             kind: st.kind.name().to_string(),
             kind_version: st.kind.version(),
@@ -229,7 +229,7 @@ pub fn check(spec: &Spec) -> Result<(), PlanError> {
     for st in &stages {
         let mut patterns = st.inputs.clone();
         patterns.extend(st.typed.external_inputs(&spec.dir));
-        hasher.digest(&st.name, &root, &patterns)?;
+        hasher.digest(&st.name, &root, &patterns).map_err(|e| inputs::Placed::in_spec(e, spec, &st.name))?;
     }
     Ok(())
 }

@@ -24,6 +24,7 @@ use serde_json::{Map, Value as Json};
 
 pub use error::{SpecError, SpecErrors, Src};
 pub use interp::{pieces, stage_refs, substitute_outputs, Piece};
+pub use view::place_of_value;
 
 use crate::stages::{fields, Kind, Params};
 pub use retry::RetryPolicy;

@@ -102,6 +102,31 @@ impl View {
     }
 }
 
+/// The place of `value` among the strings of stage `stage`'s table (at any depth: a list of
+/// inputs, a kind's path), else of the stage's name, quoted from the spec as diagnostics show
+/// it (long lines cut, credentials masked). None when the spec names no such stage.
+pub fn place_of_value(spec: &super::Spec, stage: &str, value: &str) -> Option<(super::Src, SourceSpan)> {
+    use super::tree::{Node, Val};
+    fn find<'a>(n: &'a Node, value: &str) -> Option<&'a Node> {
+        match &n.value {
+            Val::Str(s) if !value.is_empty() && (s == value || s.contains(value)) => Some(n),
+            Val::Array(items) => items.iter().find_map(|i| find(i, value)),
+            Val::Table(entries) => entries.iter().find_map(|(_, v)| find(v, value)),
+            _ => None,
+        }
+    }
+    let root = super::tree::parse(&spec.source).ok()?;
+    let stages = root.get("stages")?;
+    let range = match stages.get(stage).and_then(|t| find(t, value)).and_then(Node::span) {
+        Some(r) => r,
+        None => stages.get_key(stage)?.origin.span()?,
+    };
+    let view = View::of(&spec.source);
+    let span = view.span(SourceSpan::from(range));
+    let text = view.text().cloned().unwrap_or_else(|| spec.source.clone());
+    Some((miette::NamedSource::new(spec.path.display().to_string(), text), span))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

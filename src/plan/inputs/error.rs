@@ -61,3 +61,66 @@ pub enum InputError {
         source: std::io::Error,
     },
 }
+
+/// An input error quoted at the place in the spec that names the input (its pattern among the
+/// stage's values), when there is one: the code and help are the error's own.
+#[derive(Debug)]
+pub struct Placed {
+    pub error: InputError,
+    at: Option<(crate::spec::Src, miette::SourceSpan)>,
+}
+
+impl From<InputError> for Placed {
+    fn from(error: InputError) -> Placed {
+        Placed { error, at: None }
+    }
+}
+
+impl Placed {
+    /// `error` at the string of `stage`'s table in `spec` that names `pattern` (the first such
+    /// value, at any depth), else at the stage's name.
+    pub fn in_spec(error: InputError, spec: &crate::spec::Spec, stage: &str) -> Placed {
+        let pattern = match &error {
+            InputError::NoMatch { pattern, .. }
+            | InputError::Escapes { pattern, .. }
+            | InputError::TooLarge { pattern, .. }
+            | InputError::InWorkdir { pattern, .. }
+            | InputError::Pattern { pattern, .. } => Some(pattern.clone()),
+            InputError::LinkEscapes { link: path, .. }
+            | InputError::LinkLeaves { link: path, .. }
+            | InputError::Cycle { path, .. }
+            | InputError::NotUtf8 { path, .. }
+            | InputError::Io { path, .. } => path.to_str().map(str::to_string),
+        };
+        let at = crate::spec::place_of_value(spec, stage, pattern.as_deref().unwrap_or(""));
+        Placed { error, at }
+    }
+}
+
+impl std::fmt::Display for Placed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for Placed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
+}
+
+impl Diagnostic for Placed {
+    fn code<'a>(&'a self) -> Option<Box<dyn std::fmt::Display + 'a>> {
+        self.error.code()
+    }
+    fn help<'a>(&'a self) -> Option<Box<dyn std::fmt::Display + 'a>> {
+        self.error.help()
+    }
+    fn source_code(&self) -> Option<&dyn miette::SourceCode> {
+        self.at.as_ref().map(|(src, _)| src as &dyn miette::SourceCode)
+    }
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = miette::LabeledSpan> + '_>> {
+        let (_, span) = self.at.as_ref()?;
+        Some(Box::new(std::iter::once(miette::LabeledSpan::new_primary_with_span(Some("this input".into()), *span))))
+    }
+}

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 mod error;
 mod links;
 
-pub use error::InputError;
+pub use error::{InputError, Placed};
 use links::Links;
 
 use crate::cache::{FileStat, OpenDir};
