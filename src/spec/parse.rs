@@ -125,6 +125,7 @@ impl Parser {
             }
         };
         let p = check_table(&self.src, &node, fields::PIPELINE, "[pipeline]", &mut self.errors);
+        self.backoffs(&node, &p);
         let defaults = Defaults {
             retries: p.get("retries").map(retry_policy).unwrap_or_default(),
             timeout: p.get("timeout").and_then(duration),
@@ -327,6 +328,7 @@ impl Parser {
                 self.errors.push(invalid(&self.src, at, &format!("gates.{metric}"), reason, help));
             }
         }
+        self.backoffs(node, values);
         let on = values.get("retries").and_then(|r| r.get("on")).and_then(Json::as_array);
         for c in on.into_iter().flatten() {
             let c = c.as_str().unwrap_or("");
@@ -337,6 +339,24 @@ impl Parser {
                 self.errors.push(invalid(&self.src, at, "retries.on", reason, help));
             }
         }
+    }
+
+    /// A `retries` table whose first wait is above its cap (given, or the default): the cap
+    /// would win in silence.
+    fn backoffs(&mut self, node: &Node, values: &Map<String, Json>) {
+        let Some(r) = values.get("retries") else { return };
+        let policy = retry_policy(r);
+        if policy.backoff <= policy.max_backoff {
+            return;
+        }
+        let table = node.get("retries");
+        let (key, at) = match table.and_then(|t| t.get("max_backoff")) {
+            Some(at) => ("retries.max_backoff", at),
+            None => ("retries.backoff", table.and_then(|t| t.get("backoff")).unwrap_or(node)),
+        };
+        let show = |d: std::time::Duration| humantime::format_duration(d).to_string();
+        let reason = format!("backoff {} is above max_backoff {}", show(policy.backoff), show(policy.max_backoff));
+        self.errors.push(invalid(&self.src, at, key, reason, "make max_backoff at least backoff: it caps every wait"));
     }
 
     /// The kind's parameters, typed, and their checks beyond types.
