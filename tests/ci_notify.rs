@@ -88,3 +88,26 @@ fn an_unreachable_webhook_only_warns_and_hides_secrets() {
     assert!(err.contains("3 attempt(s)"), "{err}");
     assert!(!err.contains("s3cret"), "{err}");
 }
+
+/// `webhook = "env:NAME"` keeps the URL out of the spec and its copies: it is read from mflow's
+/// environment when the run ends.
+#[test]
+fn a_webhook_read_from_the_environment_is_sent_and_never_recorded() {
+    let (port, rx) = webhook(0);
+    let url = format!("http://127.0.0.1:{port}/hooks/T0/s3cret");
+    let p = Project::new(&spec("env:MFLOW_TEST_WEBHOOK", false));
+    let o = p.cmd(&["run", "spec.toml"]).env("MFLOW_TEST_WEBHOOK", &url).output().unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let body = rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
+    assert_eq!(body["status"], "succeeded");
+    let record = p.latest_record().to_string();
+    assert!(!record.contains("s3cret"), "{record}");
+    // Unset: the run still ends as it did, with a warning.
+    let o = p.cmd(&["run", "spec.toml"]).env_remove("MFLOW_TEST_WEBHOOK").output().unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("MFLOW_TEST_WEBHOOK"), "{}", stderr(&o));
+    // A name that cannot be an environment variable is refused where it is written.
+    p.write_spec(&spec("env:NOT A NAME", false));
+    let o = p.mflow(&["validate", "spec.toml"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+}

@@ -92,7 +92,11 @@ fn bad_schedules_are_invalid() {
         ("0 3 * *", "4 fields"),
         ("61 * * * *", "minute: `61`"),
         ("*/0 * * * *", "step `0`"),
-        ("@sometimes", "unknown macro"),
+        ("@sometimes", "unknown descriptor"),
+        // what robfig/cron, which the API server checks with, refuses too
+        ("0 3 * * 7", "outside 0-6"),
+        ("0 5-3 * * *", "the range `5-3`"),
+        ("0 3 * FOO *", "not a number or a name"),
     ] {
         let p = Project::new(&include_str!("fixtures/ci/scheduled.toml").replace("0 3 * * *", cron));
         let o = p.mflow(&["schedule", "render", "spec.toml"]);
@@ -103,6 +107,11 @@ fn bad_schedules_are_invalid() {
     let o = p.mflow(&["schedule", "render", "spec.toml"]);
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("not an IANA time zone"));
+    // The controller loads zones by their exact names.
+    let p = Project::new(&include_str!("fixtures/ci/scheduled.toml").replace("Europe/Berlin", "europe/berlin"));
+    let o = p.mflow(&["schedule", "render", "spec.toml"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("case-sensitive: write \"Europe/Berlin\""), "{}", stderr(&o));
     let p = Project::new("[pipeline]\nname = \"x\"\n[stages.a]\nkind = \"command\"\nrun = [\"true\"]\n");
     let o = p.mflow(&["schedule", "render", "spec.toml"]);
     assert_eq!(code(&o), 2);

@@ -3,6 +3,7 @@
 //! webhook notifications.
 
 pub mod after_run;
+mod cron;
 pub mod diff;
 pub mod junit;
 pub mod notify;

@@ -29,10 +29,16 @@ pub fn render(spec: &Spec, namespace: &str) -> Result<Objects, CiError> {
     check_cron(&cron)?;
     let time_zone = str_of(sched, "timezone");
     if let Some(tz) = &time_zone {
-        jiff::tz::TimeZone::get(tz).map_err(|_| CiError::Schedule {
-            message: format!("timezone `{tz}` is not an IANA time zone"),
-            help: "use a name like \"Europe/Berlin\" or \"UTC\"".into(),
-        })?;
+        // The controller loads the zone by its exact name: `europe/berlin` is no zone there.
+        let found = jiff::tz::TimeZone::get(tz).ok();
+        let named = found.as_ref().and_then(|z| z.iana_name()).map(str::to_string);
+        if named.as_deref() != Some(tz.as_str()) {
+            let help = match named {
+                Some(name) => format!("names are case-sensitive: write \"{name}\""),
+                None => "use a name like \"Europe/Berlin\" or \"UTC\"".into(),
+            };
+            return Err(CiError::Schedule { message: format!("timezone `{tz}` is not an IANA time zone"), help });
+        }
     }
     let service_account = str_of(sched, "service_account").unwrap_or_else(|| "mflow".into());
     names_kubernetes_takes(namespace, &service_account)?;
@@ -73,53 +79,16 @@ fn str_of(t: &Map<String, Json>, k: &str) -> Option<String> {
     t.get(k).and_then(Json::as_str).map(str::to_string)
 }
 
-/// Five fields of standard cron (as the CronJob controller reads them) or a macro like @daily.
+/// Five fields of standard cron, or a descriptor such as @daily, as the CronJob controller reads
+/// them ([`super::cron`]).
 pub fn check_cron(cron: &str) -> Result<(), CiError> {
-    let bad = |why: String| {
-        CiError::Schedule { message: format!("cron `{cron}`: {why}"), help: "write five fields: minute hour day-of-month month day-of-week, e.g. \"0 3 * * *\", or @hourly/@daily/@weekly/@monthly/@yearly".into() }
-    };
-    if cron.starts_with('@') {
-        return match cron {
-            "@yearly" | "@annually" | "@monthly" | "@weekly" | "@daily" | "@midnight" | "@hourly" => Ok(()),
-            _ => Err(bad("unknown macro".into())),
-        };
+    match super::cron::problem(cron) {
+        None => Ok(()),
+        Some(why) => Err(CiError::Schedule {
+            message: format!("cron `{cron}`: {why}"),
+            help: "write five fields: minute hour day-of-month month day-of-week (0-6, Sunday is 0), e.g. \"0 3 * * *\", or @hourly/@daily/@weekly/@monthly/@yearly or @every 1h".into(),
+        }),
     }
-    let fields: Vec<&str> = cron.split_whitespace().collect();
-    if fields.len() != 5 {
-        return Err(bad(format!("{} fields, expected 5", fields.len())));
-    }
-    let limits = [("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7)];
-    for (f, (what, lo, hi)) in fields.iter().zip(limits) {
-        for part in f.split(',') {
-            let (range, step) = match part.split_once('/') {
-                Some((r, s)) => (r, Some(s)),
-                None => (part, None),
-            };
-            if let Some(s) = step {
-                if s.parse::<u32>().map_or(true, |s| s == 0) {
-                    return Err(bad(format!("{what}: step `{s}` is not a positive number")));
-                }
-            }
-            if range == "*" || range == "?" {
-                continue;
-            }
-            for v in range.split('-') {
-                let ok = match v.parse::<u32>() {
-                    Ok(n) => (lo..=hi).contains(&n),
-                    // Names of months and weekdays (JAN, MON, ...).
-                    Err(_) => {
-                        v.len() == 3
-                            && v.chars().all(|c| c.is_ascii_alphabetic())
-                            && (what == "month" || what == "day of week")
-                    }
-                };
-                if !ok {
-                    return Err(bad(format!("{what}: `{v}` is outside {lo}-{hi}")));
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Applies every object with server-side apply (field manager "mflow").
