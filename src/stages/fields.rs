@@ -133,13 +133,28 @@ fn service_account(name: &str) -> Option<(String, String)> {
 
 /// A webhook is an http(s) URL with a host; what it holds past the host is never shown.
 fn webhook(url: &str) -> Option<(String, String)> {
+    // `env:NAME`: the URL is read from mflow's environment when the run ends (docs/ci.md), so
+    // that the secret stays out of the spec and its copies.
+    if let Some(var) = url.strip_prefix("env:") {
+        let ok = var.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        return (!ok).then(|| {
+            (
+                format!("`{}` is not an environment variable's name", crate::spec::error::excerpt(var)),
+                "write env:NAME with letters, digits and `_`, e.g. env:MFLOW_WEBHOOK".into(),
+            )
+        });
+    }
     match reqwest::Url::parse(url) {
         Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some_and(|h| !h.is_empty()) => None,
         Ok(u) => Some((
             format!("`{}` webhooks are not sent: only http and https", crate::spec::error::excerpt(u.scheme())),
-            "write the URL as https://HOST/PATH".into(),
+            "write the URL as https://HOST/PATH, or env:NAME to read it from mflow's environment".into(),
         )),
-        Err(e) => Some((format!("not a URL ({e})"), "write the URL as https://HOST/PATH".into())),
+        Err(e) => Some((
+            format!("not a URL ({e})"),
+            "write the URL as https://HOST/PATH, or env:NAME to read it from mflow's environment".into(),
+        )),
     }
 }
 
