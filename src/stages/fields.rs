@@ -92,7 +92,11 @@ pub const SCHEDULE: &[Field] = &[
 ];
 
 pub const NOTIFY: &[Field] = &[
-    req("webhook", Ty::Checked(webhook), "http(s) URL that receives a JSON summary (POST)"),
+    req(
+        "webhook",
+        Ty::Checked(webhook),
+        "http(s) URL that receives a JSON summary (POST), or env:NAME to read it from mflow's environment",
+    ),
     def("on", Ty::StrList, "[\"success\", \"failure\"]", "when to notify"),
     def("timeout", Ty::Timeout, "\"10s\"", "per request"),
     def("retries", NATURAL, "3", "retries with exponential backoff"),
