@@ -45,7 +45,8 @@ impl PartsHasher {
 }
 
 pub fn short(d: &str) -> &str {
-    &d[..d.len().min(12)]
+    // By characters: a lockfile's values may be any text.
+    &d[..d.char_indices().nth(12).map_or(d.len(), |(i, _)| i)]
 }
 
 fn diff_maps(what: &str, old: &BTreeMap<String, String>, new: &BTreeMap<String, String>, out: &mut Vec<String>) {

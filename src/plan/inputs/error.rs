@@ -67,7 +67,8 @@ pub enum InputError {
 #[derive(Debug)]
 pub struct Placed {
     pub error: InputError,
-    at: Option<(crate::spec::Src, miette::SourceSpan)>,
+    /// Boxed: errors travel in every `Result` of the plan, which must stay small.
+    at: Option<Box<(crate::spec::Src, miette::SourceSpan)>>,
 }
 
 impl From<InputError> for Placed {
@@ -92,7 +93,7 @@ impl Placed {
             | InputError::NotUtf8 { path, .. }
             | InputError::Io { path, .. } => path.to_str().map(str::to_string),
         };
-        let at = crate::spec::place_of_value(spec, stage, pattern.as_deref().unwrap_or(""));
+        let at = crate::spec::place_of_value(spec, stage, pattern.as_deref().unwrap_or("")).map(Box::new);
         Placed { error, at }
     }
 }
@@ -117,10 +118,10 @@ impl Diagnostic for Placed {
         self.error.help()
     }
     fn source_code(&self) -> Option<&dyn miette::SourceCode> {
-        self.at.as_ref().map(|(src, _)| src as &dyn miette::SourceCode)
+        self.at.as_ref().map(|at| &at.0 as &dyn miette::SourceCode)
     }
     fn labels(&self) -> Option<Box<dyn Iterator<Item = miette::LabeledSpan> + '_>> {
-        let (_, span) = self.at.as_ref()?;
-        Some(Box::new(std::iter::once(miette::LabeledSpan::new_primary_with_span(Some("this input".into()), *span))))
+        let span = self.at.as_ref()?.1;
+        Some(Box::new(std::iter::once(miette::LabeledSpan::new_primary_with_span(Some("this input".into()), span))))
     }
 }
