@@ -46,3 +46,40 @@ fn malformed_condition_is_invalid_usage() {
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("needs a sign"), "{}", stderr(&o));
 }
+
+/// `--output-format json` answers with one document: the runs, both values and the change per
+/// stage and metric, and which conditions held; the exit code is the table's.
+#[test]
+fn json_is_one_document_with_values_changes_and_conditions() {
+    let (p, a, b) = two_runs();
+    let json = |extra: &[&str]| {
+        let mut args = vec!["--output-format", "json", "metrics", "diff", &a, &b];
+        args.extend_from_slice(extra);
+        let o = p.mflow(&args);
+        let doc: serde_json::Value =
+            serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), stderr(&o)));
+        (code(&o), doc)
+    };
+    let (c, doc) = json(&[]);
+    assert_eq!(c, 0);
+    assert_eq!((doc["run_a"].as_str(), doc["run_b"].as_str()), (Some(a.as_str()), Some(b.as_str())));
+    let m = &doc["stages"]["eval"]["val_loss"];
+    assert_eq!((m["a"].as_f64(), m["b"].as_f64()), (Some(2.0), Some(2.1)), "{doc}");
+    assert!(
+        (m["change"].as_f64().unwrap() - 0.1).abs() < 1e-9
+            && (m["change_percent"].as_f64().unwrap() - 5.0).abs() < 1e-9
+    );
+    assert_eq!(doc["failed"], false);
+
+    let (c, doc) = json(&["--fail-if", "eval.val_loss>+2%", "--fail-if", "val_ppl>+0.5"]);
+    assert_eq!(c, 4, "{doc}");
+    assert_eq!(doc["failed"], true);
+    let held: Vec<(&str, bool)> = doc["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["condition"].as_str().unwrap(), c["held"] == true))
+        .collect();
+    assert_eq!(held, [("eval.val_loss>+2%", true), ("val_ppl>+0.5", false)]);
+    assert!(doc["conditions"][0]["failures"][0].as_str().unwrap().contains("eval.val_loss 2 -> 2.1"), "{doc}");
+}

@@ -73,3 +73,38 @@ fn summary_is_appended_to_what_earlier_steps_wrote() {
     assert!(md.starts_with("## Build\nok\n### mflow run `nightly`: failed"), "{md}");
     assert!(md.contains("| train | ❌ failed: user:"), "{md}");
 }
+
+/// GitHub renders the summary's Markdown with inline HTML: what a stage says (its failure
+/// message, its metric names) is escaped, and control characters are dropped.
+#[test]
+fn summary_escapes_html_and_drops_control_characters() {
+    let p = Project::new(
+        r#"
+[pipeline]
+name = "nasty"
+
+[stages.metrics]
+kind = "command"
+run = ["sh", "-c", '''cat > "$MFLOW_OUTPUT/metrics.json" <<'J'
+{"<img src=x onerror=alert(1)>": 1, "a<!--": {"b\u001b[31m\u0000c": 2}}
+J''']
+
+[stages.fails]
+kind = "command"
+run = ["sh", "-c", '''cat > "$MFLOW_STATUS" <<'J'
+{"class": "user", "message": "x</td><script>alert(1)</script> & \u001b[31mred\u0000 <!-- |"}
+J
+exit 1''']
+"#,
+    );
+    let summary = p.file("summary.md");
+    let o = p.cmd(&["run", "spec.toml"]).env("GITHUB_STEP_SUMMARY", &summary).output().unwrap();
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let md = std::fs::read_to_string(&summary).unwrap();
+    for raw in ["<script", "</td>", "<img", "<!--", "\u{1b}", "\0"] {
+        assert!(!md.contains(raw), "{raw:?} is in the summary:\n{md}");
+    }
+    assert!(md.contains("&lt;img src=x onerror=alert(1)&gt;=1"), "{md}");
+    assert!(md.contains("a&lt;!--.bc=2"), "{md}");
+    assert!(md.contains("x&lt;/td&gt;&lt;script&gt;alert(1)&lt;/script&gt; &amp; red &lt;!-- \\|"), "{md}");
+}

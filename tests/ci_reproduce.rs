@@ -96,3 +96,54 @@ fn a_tampered_spec_copy_is_refused() {
     assert_eq!(code(&o), 5);
     assert!(stderr(&o).contains("spec: the run's copy"), "{}", stderr(&o));
 }
+
+/// Edits `run`'s lockfile with `edit` (on its JSON).
+fn edit_lock(p: &Project, run: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = p.file(&format!(".mflow/runs/{run}/mflow.lock"));
+    let mut lock: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut lock);
+    // A fresh file: the lockfile may be a hard link shared with later runs.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, serde_json::to_string_pretty(&lock).unwrap()).unwrap();
+}
+
+fn refused(p: &Project, run: &str) -> String {
+    let o = p.mflow(&["reproduce", run]);
+    assert_eq!(code(&o), 5, "{}", stderr(&o));
+    assert_eq!(std::fs::read_dir(p.file(".mflow/runs")).unwrap().count(), 1, "a refused reproduction must not run");
+    stderr(&o)
+}
+
+#[test]
+fn a_lockfile_of_an_unknown_version_is_refused() {
+    let p = project();
+    let id = first_run(&p);
+    edit_lock(&p, &id, |l| l["version"] = 99.into());
+    let err = refused(&p, &id);
+    assert!(err.contains("lockfile: version 99 is not a format this mflow reads"), "{err}");
+}
+
+/// The key is computed again from the recorded parts, as the engine computes it.
+#[test]
+fn parts_edited_without_their_key_are_refused_naming_the_stage() {
+    let p = project();
+    let id = first_run(&p);
+    edit_lock(&p, &id, |l| l["stages"]["count"]["parts"]["salt"] = "edited".into());
+    let err = refused(&p, &id);
+    assert!(err.contains("stage `count`: the lockfile's key") && err.contains("does not match its own parts"), "{err}");
+    assert!(!err.contains(": \n") && !err.trim_end().ends_with(':'), "an empty difference: {err}");
+}
+
+/// A stage the run recorded with a key must be in its lockfile: left out, it would not be
+/// reproduced, and the rest would say "reproduced".
+#[test]
+fn a_stage_deleted_from_the_lockfile_is_refused() {
+    let p = project();
+    let id = first_run(&p);
+    edit_lock(&p, &id, |l| {
+        l["stages"].as_object_mut().unwrap().remove("count");
+    });
+    let err = refused(&p, &id);
+    assert!(err.contains("stage `count`: the run recorded key") && err.contains("no entry"), "{err}");
+    assert!(!err.contains("reproduced"), "{err}");
+}

@@ -110,59 +110,119 @@ impl Condition {
     }
 }
 
+/// One metric of one stage in both runs.
+pub struct Row {
+    pub stage: String,
+    pub metric: String,
+    pub a: Option<f64>,
+    pub b: Option<f64>,
+}
+
+impl Row {
+    fn change(&self) -> Option<f64> {
+        Some(self.b? - self.a?)
+    }
+
+    /// The change in percent of |A|; none from 0.
+    fn change_percent(&self) -> Option<f64> {
+        let a = self.a.filter(|a| *a != 0.0)?;
+        Some((self.b? - a) / a.abs() * 100.0)
+    }
+}
+
 pub struct Outcome {
-    pub table: String,
+    pub rows: Vec<Row>,
+    /// Each condition with its violations, or why it could not be checked (one line each).
+    pub conditions: Vec<(String, Vec<String>)>,
+}
+
+impl Outcome {
     /// One line per violated or unevaluable condition.
-    pub failures: Vec<String>,
+    pub fn failures(&self) -> impl Iterator<Item = &String> {
+        self.conditions.iter().flat_map(|(_, f)| f)
+    }
+
+    pub fn table(&self) -> String {
+        let mut rows =
+            vec![["stage".to_string(), "metric".into(), "A".into(), "B".into(), "change".into(), "change %".into()]];
+        let show = |v: Option<f64>| v.map(num).unwrap_or("-".into());
+        for r in &self.rows {
+            let d = r.change().map(signed).unwrap_or("-".into());
+            let p = r.change_percent().map(|p| format!("{p:+.2}%")).unwrap_or("-".into());
+            rows.push([r.stage.clone(), r.metric.clone(), show(r.a), show(r.b), d, p]);
+        }
+        table(&rows)
+    }
+
+    /// The diff as one JSON document: the runs, per stage and metric both values and the
+    /// change, and each condition with whether it held (a condition that cannot be checked
+    /// counts as held: it fails the diff too).
+    pub fn json(&self, run_a: &str, run_b: &str) -> serde_json::Value {
+        let mut stages = serde_json::Map::new();
+        for r in &self.rows {
+            let stage = stages.entry(r.stage.clone()).or_insert_with(|| serde_json::json!({}));
+            stage[r.metric.as_str()] = serde_json::json!({
+                "a": r.a, "b": r.b, "change": r.change(), "change_percent": r.change_percent(),
+            });
+        }
+        let conditions: Vec<serde_json::Value> = self
+            .conditions
+            .iter()
+            .map(|(c, f)| serde_json::json!({"condition": c, "held": !f.is_empty(), "failures": f}))
+            .collect();
+        serde_json::json!({
+            "run_a": run_a,
+            "run_b": run_b,
+            "stages": stages,
+            "conditions": conditions,
+            "failed": self.failures().next().is_some(),
+        })
+    }
 }
 
 pub fn compare(a: &Finals, b: &Finals, conditions: &[Condition]) -> Outcome {
-    let mut rows =
-        vec![["stage".to_string(), "metric".into(), "A".into(), "B".into(), "change".into(), "change %".into()]];
+    let mut rows = Vec::new();
     let stages: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     for stage in stages {
         let keys: BTreeSet<&String> = a.get(stage).into_iter().chain(b.get(stage)).flat_map(|m| m.keys()).collect();
         for k in keys {
             let va = a.get(stage).and_then(|m| m.get(k)).copied();
             let vb = b.get(stage).and_then(|m| m.get(k)).copied();
-            let (d, p) = match (va, vb) {
-                (Some(x), Some(y)) => {
-                    (signed(y - x), if x != 0.0 { format!("{:+.2}%", (y - x) / x.abs() * 100.0) } else { "-".into() })
-                }
-                _ => ("-".into(), "-".into()),
-            };
-            let show = |v: Option<f64>| v.map(num).unwrap_or("-".into());
-            rows.push([stage.clone(), k.clone(), show(va), show(vb), d, p]);
+            rows.push(Row { stage: stage.clone(), metric: k.clone(), a: va, b: vb });
         }
     }
+    let conditions = conditions.iter().map(|c| (c.text.clone(), check(c, a, b))).collect();
+    Outcome { rows, conditions }
+}
+
+/// Where `c` holds, or why it cannot be checked.
+fn check(c: &Condition, a: &Finals, b: &Finals) -> Vec<String> {
     let mut failures = Vec::new();
-    for c in conditions {
-        let targets = c.targets(a, b);
-        if targets.is_empty() {
-            failures.push(format!("{}: no stage has metric `{}` in either run", c.text, c.metric));
-        }
-        for (stage, m) in targets {
-            match (a.get(&stage).and_then(|x| x.get(&m)), b.get(&stage).and_then(|x| x.get(&m))) {
-                (Some(&va), Some(&vb)) => {
-                    if c.holds(va, vb) {
-                        failures.push(format!("{}: {stage}.{m} {} -> {}", c.text, num(va), num(vb)));
-                    }
+    let targets = c.targets(a, b);
+    if targets.is_empty() {
+        failures.push(format!("{}: no stage has metric `{}` in either run", c.text, c.metric));
+    }
+    for (stage, m) in targets {
+        match (a.get(&stage).and_then(|x| x.get(&m)), b.get(&stage).and_then(|x| x.get(&m))) {
+            (Some(&va), Some(&vb)) => {
+                if c.holds(va, vb) {
+                    failures.push(format!("{}: {stage}.{m} {} -> {}", c.text, num(va), num(vb)));
                 }
-                (va, vb) => failures.push(format!(
-                    "{}: {stage}.{m} is missing in run {}",
-                    c.text,
-                    if va.is_none() {
-                        "A"
-                    } else if vb.is_none() {
-                        "B"
-                    } else {
-                        "A and B"
-                    }
-                )),
             }
+            (va, vb) => failures.push(format!(
+                "{}: {stage}.{m} is missing in run {}",
+                c.text,
+                if va.is_none() {
+                    "A"
+                } else if vb.is_none() {
+                    "B"
+                } else {
+                    "A and B"
+                }
+            )),
         }
     }
-    Outcome { table: table(&rows), failures }
+    failures
 }
 
 fn signed(x: f64) -> String {
@@ -205,7 +265,7 @@ mod tests {
     #[test]
     fn relative_absolute_and_value_thresholds() {
         let (a, b) = (finals(2.0), finals(2.1));
-        let fails = |c: &str| !compare(&a, &b, &[Condition::parse(c).unwrap()]).failures.is_empty();
+        let fails = |c: &str| compare(&a, &b, &[Condition::parse(c).unwrap()]).failures().next().is_some();
         assert!(fails("val_loss>+2%"));
         assert!(!fails("val_loss>+10%"));
         assert!(fails("train.val_loss>+0.05"));
@@ -213,6 +273,22 @@ mod tests {
         assert!(fails("val_loss>2.05"));
         assert!(!fails("val_loss<-1%"));
         assert!(fails("nope>+1%"));
+    }
+
+    #[test]
+    fn json_has_both_values_the_change_and_each_condition() {
+        let conditions = [Condition::parse("val_loss>+2%").unwrap(), Condition::parse("val_loss>+10%").unwrap()];
+        let j = compare(&finals(2.0), &finals(2.5), &conditions).json("A", "B");
+        let m = &j["stages"]["train"]["val_loss"];
+        assert_eq!((m["a"].as_f64(), m["b"].as_f64(), m["change"].as_f64()), (Some(2.0), Some(2.5), Some(0.5)));
+        assert_eq!(m["change_percent"].as_f64(), Some(25.0));
+        assert_eq!(j["conditions"][0]["held"], true);
+        assert_eq!(j["conditions"][1]["held"], true);
+        let j = compare(&finals(0.0), &BTreeMap::new(), &[]).json("A", "B");
+        assert!(
+            j["stages"]["train"]["val_loss"]["b"].is_null() && j["stages"]["train"]["val_loss"]["change"].is_null()
+        );
+        assert_eq!(j["failed"], false);
     }
 
     #[test]

@@ -131,7 +131,7 @@ fn short_key(s: &crate::record::StageRecord) -> String {
 }
 
 /// XML 1.0 cannot carry most control characters (logs have ANSI colours): drop them.
-fn clean(s: &str) -> String {
+pub(super) fn clean(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars().peekable();
     while let Some(c) = chars.next() {

@@ -10,7 +10,7 @@ use crate::cache::key::{short, KeyParts};
 use crate::env::Environment;
 use crate::exit::ExitCode;
 use crate::plan::{self, Plan};
-use crate::record::{self, Lockfile};
+use crate::record::{self, Lockfile, RunRecord};
 use crate::reporter::console::Mode;
 use crate::workdir::Workdir;
 
@@ -32,6 +32,10 @@ pub fn prepare(workdir: &Workdir, run: &str) -> Result<Result<Prepared, Refusal>
     let data = RunData::load(workdir, Some(run))?;
     let lock =
         data.lock.clone().ok_or_else(|| CiError::DamagedRun { run: data.id.clone(), file: "mflow.lock".into() })?;
+    let reasons = check_lock(&data.record, &lock);
+    if !reasons.is_empty() {
+        return Ok(Err(Refusal(reasons)));
+    }
     let copy = data.dir.join("spec.toml");
     let text = crate::untrusted::read_text(&copy, crate::spec::MAX_SPEC_BYTES)
         .map_err(|_| CiError::DamagedRun { run: data.id.clone(), file: "spec.toml".into() })?;
@@ -41,7 +45,7 @@ pub fn prepare(workdir: &Workdir, run: &str) -> Result<Result<Prepared, Refusal>
             "spec: the run's copy {} has digest {} but the lockfile pins {}",
             copy.display(),
             short(&digest),
-            short(&lock.spec_digest)
+            shown(&lock.spec_digest)
         )])));
     }
     let overrides: Vec<String> =
@@ -85,6 +89,63 @@ pub fn prepare(workdir: &Workdir, run: &str) -> Result<Result<Prepared, Refusal>
     Ok(if reasons.is_empty() { Ok(Prepared { plan, env, lock }) } else { Err(Refusal(reasons)) })
 }
 
+/// What the lockfile must say of itself before anything else is read from it: a format this
+/// mflow knows, each stage's key derived from its recorded parts as the engine derives it, and
+/// the stages the run recorded with their keys (a stage left out would go unreproduced).
+fn check_lock(record: &RunRecord, lock: &Lockfile) -> Vec<String> {
+    if !(1..=mflow_contract::lock::FORMAT).contains(&lock.version) {
+        return vec![format!(
+            "lockfile: version {} is not a format this mflow reads (version {} and older)",
+            lock.version,
+            mflow_contract::lock::FORMAT
+        )];
+    }
+    let mut reasons = Vec::new();
+    for (name, locked) in &lock.stages {
+        if locked.parts.key() != locked.key {
+            reasons.push(format!(
+                "stage `{name}`: the lockfile's key {} does not match its own parts (the lockfile was edited)",
+                shown(&locked.key)
+            ));
+        }
+        if !record.stages.contains_key(name) {
+            reasons.push(format!("stage `{name}`: in the lockfile but not in the run's record (run.json)"));
+        }
+    }
+    for (name, s) in &record.stages {
+        let Some(key) = &s.key else { continue };
+        match lock.stages.get(name) {
+            None => reasons.push(format!(
+                "stage `{name}`: the run recorded key {} but the lockfile has no entry for the stage",
+                shown(key)
+            )),
+            Some(l) if &l.key != key => reasons.push(format!(
+                "stage `{name}`: the lockfile pins key {} but the run recorded {}",
+                shown(&l.key),
+                shown(key)
+            )),
+            Some(_) => {}
+        }
+    }
+    reasons
+}
+
+/// A digest read from a file, shortened without assuming it is ASCII.
+fn shown(d: &str) -> String {
+    d.chars().take(12).collect()
+}
+
+/// What differs between a key's parts and the lockfile's, in words, to end a line with.
+fn differences(new: &KeyParts, old: &KeyParts) -> String {
+    let d = crate::cache::key::diff(new, old);
+    if d.is_empty() {
+        // The same parts: the lockfile's key is not theirs.
+        " (the lockfile's key does not match its own parts)".into()
+    } else {
+        format!(": {}", d.join("; "))
+    }
+}
+
 /// Input digests first (the usual cause), then any other part of a stage's key, with upstream
 /// digests taken from the lockfile.
 fn compare_with_lock(plan: &Plan, lock: &Lockfile) -> Vec<String> {
@@ -99,12 +160,12 @@ fn compare_with_lock(plan: &Plan, lock: &Lockfile) -> Vec<String> {
             match now.get(file) {
                 None => reasons.push(format!(
                     "stage `{name}`: input file `{file}` is no longer an input (pinned {})",
-                    short(pinned)
+                    shown(pinned)
                 )),
                 Some(d) if d != pinned => reasons.push(format!(
                     "stage `{name}`: input file `{file}` changed: digest {} but the lockfile pins {}",
                     short(d),
-                    short(pinned)
+                    shown(pinned)
                 )),
                 _ => {}
             }
@@ -123,12 +184,11 @@ fn compare_with_lock(plan: &Plan, lock: &Lockfile) -> Vec<String> {
         let digest_of = |d: usize| by_index.get(&d).and_then(|n| locked.parts.upstream.get(*n).cloned());
         let Some(parts) = plan.parts_with(i, &digest_of) else { continue };
         if parts.key() != locked.key {
-            let diff = crate::cache::key::diff(&parts, &locked.parts);
             reasons.push(format!(
-                "stage `{name}`: key {} no longer matches the lockfile's {}: {}",
+                "stage `{name}`: key {} no longer matches the lockfile's {}{}",
                 short(&parts.key()),
-                short(&locked.key),
-                diff.join("; ")
+                shown(&locked.key),
+                differences(&parts, &locked.parts)
             ));
         }
     }
@@ -183,15 +243,15 @@ pub fn run(prepared: Prepared, mode: Mode) -> Result<(ExitCode, Vec<String>), cr
     for (name, locked) in &lock.stages {
         match new.get(name) {
             Some(parts) if parts.key() == locked.key => {
-                lines.push(format!("  {name:<20} key {} matches", short(&locked.key)))
+                lines.push(format!("  {name:<20} key {} matches", shown(&locked.key)))
             }
             Some(parts) => {
                 mismatched = true;
                 lines.push(format!(
-                    "  {name:<20} key {} differs from the lockfile's {}: {}",
+                    "  {name:<20} key {} differs from the lockfile's {}{}",
                     short(&parts.key()),
-                    short(&locked.key),
-                    crate::cache::key::diff(parts, &locked.parts).join("; ")
+                    shown(&locked.key),
+                    differences(parts, &locked.parts)
                 ));
             }
             None => {
@@ -201,4 +261,29 @@ pub fn run(prepared: Prepared, mode: Mode) -> Result<(ExitCode, Vec<String>), cr
         }
     }
     Ok((if mismatched { ExitCode::Mismatch } else { ExitCode::Success }, lines))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(salt: &str) -> KeyParts {
+        KeyParts {
+            kind: "command".into(),
+            kind_version: 1,
+            params: std::sync::Arc::new(serde_json::json!({"run": ["true"]})),
+            upstream: BTreeMap::new(),
+            inputs: Default::default(),
+            workload: String::new(),
+            environment: String::new(),
+            salt: salt.into(),
+        }
+    }
+
+    #[test]
+    fn the_same_parts_under_another_key_say_so_rather_than_nothing() {
+        assert_eq!(differences(&parts("a"), &parts("a")), " (the lockfile's key does not match its own parts)");
+        assert_eq!(differences(&parts("b"), &parts("a")), ": salt: \"a\" -> \"b\"");
+        assert_eq!(shown("ééééééééééééééé"), "éééééééééééé", "no panic inside a character");
+    }
 }

@@ -17,10 +17,10 @@ pub fn render(run: &RunData) -> String {
         RunStatus::Interrupted => "interrupted",
         RunStatus::Running => "running",
     };
-    let mut out = format!("### mflow run `{}`: {status}\n\n", r.pipeline);
+    let mut out = format!("### mflow run `{}`: {status}\n\n", code(&r.pipeline));
     out.push_str(&format!(
         "Run `{}`, exit code {}.\n\n",
-        r.id,
+        code(&r.id),
         r.exit_code.map(|c| c.to_string()).unwrap_or("-".into())
     ));
     out.push_str("| Stage | Status | Cached | Duration | Key metrics |\n|---|---|---|---|---|\n");
@@ -79,7 +79,42 @@ fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or("")
 }
 
-/// Table cells cannot hold pipes or newlines.
+/// Table cells cannot hold pipes or newlines. GitHub renders inline HTML, so stage messages and
+/// metric names are escaped; control characters (colours, NUL) are dropped, as in JUnit.
 fn cell(s: &str) -> String {
-    s.replace('|', "\\|").replace(['\n', '\r'], " ")
+    html(&super::junit::clean(s)).replace('|', "\\|").replace(['\n', '\r'], " ")
+}
+
+/// The text of a code span: shown as it is (an entity would show as `&lt;`), so only what could
+/// end the span or the line goes.
+fn code(s: &str) -> String {
+    super::junit::clean(s).replace('`', "'").replace(['\n', '\r'], " ")
+}
+
+fn html(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_escape_html_and_drop_control_characters() {
+        let nasty = "x</td><script>alert(1)</script> <img src=x onerror=y> <!-- a & b | c\u{1b}[31m\0d\ne";
+        assert_eq!(
+            cell(nasty),
+            "x&lt;/td&gt;&lt;script&gt;alert(1)&lt;/script&gt; &lt;img src=x onerror=y&gt; &lt;!-- a &amp; b \\| cd e"
+        );
+        assert_eq!(code("p`<b>\u{0}\n"), "p'<b> ");
+    }
 }

@@ -71,17 +71,22 @@ pub fn metrics(c: MetricsCommand, p: &Printer) -> Result<ExitCode, Error> {
         let conditions = fail_if.iter().map(|c| crate::ci::diff::Condition::parse(c)).collect::<Result<Vec<_>, _>>()?;
         let a = RunData::load(&workdir, Some(&run_a))?;
         let b = RunData::load(&workdir, Some(&run_b))?;
-        p.line(format!("A = {}\nB = {}\n", a.id, b.id));
         let out = crate::ci::diff::compare(&a.final_metrics(), &b.final_metrics(), &conditions);
-        p.out(&out.table);
-        if out.failures.is_empty() {
-            if !conditions.is_empty() {
+        let failed = out.failures().next().is_some();
+        if p.json() {
+            p.value(&out.json(&a.id, &b.id), false);
+        } else {
+            p.line(format!("A = {}\nB = {}\n", a.id, b.id));
+            p.out(&out.table());
+            if !failed && !conditions.is_empty() {
                 p.line(format!("\nall {} condition(s) passed", conditions.len()));
             }
+        }
+        if !failed {
             return Ok(ExitCode::Success);
         }
         p.note("");
-        for f in &out.failures {
+        for f in out.failures() {
             p.note(format!("FAIL {f}"));
         }
         Ok(ExitCode::GateFailed)

@@ -24,7 +24,16 @@ pub fn runs(a: RunsArgs, p: &Printer) -> Result<ExitCode, Error> {
 
 fn list_runs(workdir: &Workdir, p: &Printer) {
     for id in record::list(workdir) {
-        let Some(r) = record::load(workdir, &id) else { continue };
+        let Some(r) = record::load(workdir, &id) else {
+            // Listed all the same: its logs and lockfile may still be there (`mflow logs`).
+            if p.json() {
+                let line = serde_json::json!({"id": id, "workdir": workdir.root(), "status": "damaged", "process_gone": false, "pipeline": null, "started": null, "ran": null, "cached": null});
+                p.value(&line, true);
+            } else {
+                p.line(format!("{id}  {:<10} {:<12} run.json cannot be read", "damaged", "-"));
+            }
+            continue;
+        };
         let c = r.counts();
         if p.json() {
             let line = serde_json::json!({"id": id, "workdir": workdir.root(), "status": r.status, "process_gone": gone(&r), "pipeline": r.pipeline, "started": r.started, "ran": c.ran, "cached": c.cached});
@@ -90,7 +99,15 @@ pub fn logs(a: LogsArgs, p: &Printer) -> Result<ExitCode, Error> {
     }
     let attempts =
         || record::load(&workdir, &id).map(|r| (r.stages.get(&stage).map(|s| s.attempts.len()).unwrap_or(0), r.status));
-    let mut seen = attempts();
+    let stage_dir = crate::workdir::stage_dir(&workdir.run(&id), &stage);
+    let mut seen = attempts().or_else(|| {
+        let found = attempt_logs(&stage_dir);
+        if found > 0 {
+            p.note(format!("mflow: run {id} has no readable run.json; showing the attempt logs in its directory"));
+        }
+        // Without a record nothing says the run goes on: nothing to wait for.
+        Some((found, RunStatus::Failed))
+    });
     // Followed while the run goes on: the stage's first attempt may not be recorded yet.
     while a.follow && matches!(seen, Some((0, RunStatus::Running))) {
         std::thread::sleep(std::time::Duration::from_millis(250));
@@ -103,9 +120,25 @@ pub fn logs(a: LogsArgs, p: &Printer) -> Result<ExitCode, Error> {
             "cached stages have no log; see `mflow status`",
         ));
     }
-    let log = Log { dir: crate::workdir::stage_dir(&workdir.run(&id), &stage), workdir, id, stage };
+    let log = Log { dir: stage_dir, workdir, id, stage };
     log.print(n, a.follow, p)?;
     Ok(ExitCode::Success)
+}
+
+/// The highest N of the `attempt-N.log` files in `dir`: the attempts of a stage whose run record
+/// cannot be read (an attempt that printed nothing has no file, so the highest counts). Beyond
+/// what retries allow (4 classes of at most 1000), a name is not an attempt's.
+fn attempt_logs(dir: &Path) -> usize {
+    let n = |name: &str| {
+        name.strip_prefix("attempt-")?.strip_suffix(".log")?.parse::<usize>().ok().filter(|n| (1..=4001).contains(n))
+    };
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| n(&e.file_name().to_string_lossy()))
+        .max()
+        .unwrap_or(0)
 }
 
 /// A run recorded as running whose process ended without finishing its record (killed outright).

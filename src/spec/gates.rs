@@ -48,12 +48,24 @@ impl Condition {
 
 pub use mflow_contract::record::GateResult;
 
+/// The value a gate's metric names in `metrics`: the top-level key of that name, else the path
+/// of its dotted parts into nested objects (`valid.ppl`), as the summary and `metrics diff`
+/// flatten them.
+pub fn lookup<'a>(metrics: &'a serde_json::Value, metric: &str) -> Option<&'a serde_json::Value> {
+    metrics.get(metric).or_else(|| {
+        if !metric.contains('.') {
+            return None;
+        }
+        metric.split('.').try_fold(metrics, |v, part| v.as_object()?.get(part))
+    })
+}
+
 /// Evaluates every gate against `metrics` (a JSON object). A missing or non-numeric metric fails.
 pub fn evaluate(gates: &BTreeMap<String, String>, metrics: &serde_json::Value) -> Vec<GateResult> {
     gates
         .iter()
         .map(|(metric, cond)| {
-            let value = metrics.get(metric).and_then(serde_json::Value::as_f64);
+            let value = lookup(metrics, metric).and_then(serde_json::Value::as_f64);
             let passed = match (Condition::parse(cond), value) {
                 (Ok(c), Some(v)) => c.holds(v),
                 _ => false,
@@ -86,5 +98,19 @@ mod tests {
         assert!(!r[0].passed);
         let r = evaluate(&gates, &serde_json::json!({"val_ppl": 12.5}));
         assert!(r[0].passed);
+    }
+
+    #[test]
+    fn a_dotted_metric_is_a_top_level_key_first_then_a_nested_path() {
+        let gates = BTreeMap::from([("valid.ppl".to_string(), "< 40".to_string())]);
+        let r = evaluate(&gates, &serde_json::json!({"valid": {"ppl": 30}}));
+        assert!(r[0].passed && r[0].value == Some(30.0), "{r:?}");
+        let r = evaluate(&gates, &serde_json::json!({"valid.ppl": 50, "valid": {"ppl": 30}}));
+        assert!(!r[0].passed && r[0].value == Some(50.0), "the exact key wins: {r:?}");
+        for missing in
+            [serde_json::json!({"valid": {"loss": 1}}), serde_json::json!({"valid": 30}), serde_json::json!([])]
+        {
+            assert_eq!(evaluate(&gates, &missing)[0].value, None, "{missing}");
+        }
     }
 }

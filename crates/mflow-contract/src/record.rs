@@ -113,16 +113,25 @@ impl std::fmt::Display for AttemptOutcome {
     }
 }
 
+/// As in [`StageRecord`], what is not known is left out; records written with nulls still read.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Attempt {
     pub n: u32,
     pub started: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<AttemptOutcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Where the attempt's log goes, relative to the run's directory; the file is made at the
+    /// attempt's first line.
     pub log: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_from: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_iteration: Option<u64>,
 }
 
@@ -239,8 +248,10 @@ pub struct RunRecord {
     pub pipeline: String,
     pub spec: String,
     pub started: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished: Option<String>,
     pub status: RunStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     pub mflow_version: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -372,7 +383,12 @@ fn apply_to_stage(r: &mut StageRecord, time: &dyn Fn() -> String, ev: &RunEvent)
             r.status = if *class == FailureClass::Cancelled { StageStatus::Cancelled } else { StageStatus::Failed };
             r.class = Some(*class);
             r.message = Some(message.clone());
-            r.finished = Some(time());
+            let finished = time();
+            // A stage whose gate failed keeps the duration it succeeded with.
+            if r.duration_s.is_none() {
+                r.duration_s = r.started.as_deref().and_then(|s| seconds_between(s, &finished));
+            }
+            r.finished = Some(finished);
         }
         RunEvent::StageInterrupted { message, .. } => {
             r.status = StageStatus::Interrupted;
@@ -384,5 +400,72 @@ fn apply_to_stage(r: &mut StageRecord, time: &dyn Fn() -> String, ev: &RunEvent)
         | RunEvent::Progress { .. }
         | RunEvent::Warning { .. }
         | RunEvent::RunFinished { .. } => {}
+    }
+}
+
+/// Seconds from `from` to `to`, both RFC 3339 times in UTC as the engine stamps them
+/// (`2026-12-04T00:00:01.250Z`); None for any other form.
+fn seconds_between(from: &str, to: &str) -> Option<f64> {
+    Some((utc_seconds(to)? - utc_seconds(from)?).max(0.0))
+}
+
+fn utc_seconds(t: &str) -> Option<f64> {
+    let t = t.strip_suffix('Z')?;
+    let (date, time) = t.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|x| x.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let mut c = time.splitn(3, ':');
+    let (h, min) = (c.next()?.parse::<i64>().ok()?, c.next()?.parse::<i64>().ok()?);
+    let s = c.next()?.parse::<f64>().ok().filter(|s| s.is_finite())?;
+    if !(1..=12).contains(&m) || !(1..=31).contains(&day) {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm), 1970-01-01 being day 0.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + h * 3600 + min * 60) as f64 + s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_are_left_out_and_older_records_with_nulls_still_read() {
+        let a = Attempt {
+            n: 1,
+            started: "2026-12-04T00:00:00Z".into(),
+            finished: None,
+            duration_s: None,
+            outcome: None,
+            message: None,
+            log: "stages/a/attempt-1.log".into(),
+            resumed_from: None,
+            checkpoint_iteration: None,
+        };
+        let text = serde_json::to_string(&a).unwrap();
+        assert!(!text.contains("null"), "{text}");
+        let old = r#"{"n": 1, "started": "t", "finished": null, "duration_s": null, "outcome": null,
+            "message": null, "log": "l", "resumed_from": null, "checkpoint_iteration": null}"#;
+        let read: Attempt = serde_json::from_str(old).unwrap();
+        assert!(read.message.is_none() && read.outcome.is_none());
+        let run = r#"{"id": "r", "pipeline": "p", "spec": "s", "started": "t", "finished": null,
+            "status": "running", "exit_code": null, "mflow_version": "0", "stages": {}, "order": []}"#;
+        let r: RunRecord = serde_json::from_str(run).unwrap();
+        assert!(r.finished.is_none() && r.exit_code.is_none());
+        assert!(!serde_json::to_string(&r).unwrap().contains("null"));
+    }
+
+    #[test]
+    fn times_are_subtracted_across_days_and_months() {
+        assert_eq!(seconds_between("2026-12-04T00:00:00Z", "2026-12-04T00:00:01.250Z"), Some(1.25));
+        assert_eq!(seconds_between("2024-02-28T23:59:59Z", "2024-03-01T00:00:00Z"), Some(86_401.0));
+        assert_eq!(seconds_between("1999-12-31T23:00:00Z", "2000-01-01T01:00:00Z"), Some(7200.0));
+        assert_eq!(utc_seconds("1970-01-01T00:00:00Z"), Some(0.0));
+        assert_eq!(seconds_between("2026-12-04T00:00:00+01:00", "2026-12-04T00:00:01Z"), None);
     }
 }
