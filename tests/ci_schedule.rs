@@ -200,13 +200,14 @@ fn cron_job(p: &Project, spec: &str) -> CronJob {
 #[test]
 fn a_spec_file_name_is_data_in_the_pods_script_never_shell() {
     let p = Project::new(include_str!("fixtures/ci/scheduled.toml"));
-    for name in ["a;touch${IFS}PWNED;.toml", "my nightly spec.toml", "$(touch PWNED).toml"] {
+    for name in ["a;touch${IFS}PWNED;.toml", "my nightly spec.toml", "$(touch PWNED).toml", "$(PIPELINE_DIR)$$.toml"] {
         std::fs::copy(p.file("spec.toml"), p.file(name)).unwrap();
         let pod = cron_job(&p, name).spec.job_template.spec.unwrap().template.spec.unwrap();
         let c = &pod.containers[0];
         let env: std::collections::BTreeMap<String, String> =
             c.env.clone().unwrap().into_iter().map(|e| (e.name, e.value.unwrap_or_default())).collect();
-        assert_eq!(env["PIPELINE_SPEC"], name);
+        // What the kubelet makes of the value (it expands `$(NAME)` and `$$`): the name as it is.
+        assert_eq!(mflow_kube::expand(&env["PIPELINE_SPEC"], &|n| env.get(n).cloned()), name);
         let script = &c.command.as_ref().unwrap()[2];
         assert!(!script.contains(name), "{script}");
         // The script as the pod's shell runs it: the mounts in a scratch directory, and an

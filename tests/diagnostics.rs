@@ -46,3 +46,36 @@ fn bad_overrides() {
         insta::assert_snapshot!(mflow::spec::secret::shown_override(set).replace(['<', '>'], ""), text);
     }
 }
+
+/// An environment a process could not be started with (Linux's 128 KiB per string), or one
+/// that would swell every Kubernetes object of the stage, is refused at its place.
+#[test]
+fn environments_too_large_for_a_process_or_an_object_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("spec.toml");
+    let spec = |env: &str| {
+        format!("[pipeline]\nname = \"p\"\n\n[stages.a]\nkind = \"command\"\nrun = [\"true\"]\nenv = {{ {env} }}\n")
+    };
+    let fits = format!("BIG = \"{}\"", "x".repeat((128 << 10) - 6));
+    std::fs::write(&p, spec(&fits)).unwrap();
+    assert!(mflow::spec::parse(&p, &std::fs::read_to_string(&p).unwrap(), &[]).is_ok(), "BIG=value fits 128 KiB");
+
+    std::fs::write(&p, spec(&format!("BIG = \"{}\"", "x".repeat(2 << 20)))).unwrap();
+    let text = render(&p, &[]);
+    assert!(text.contains("`[stages.a].env.BIG`: 2097157 bytes with its name"), "{text}");
+    assert!(text.contains("at most 128 KiB per variable"), "{text}");
+    assert!(text.contains("spec.toml:7:15"), "the value's place is shown: {text}");
+    assert!(text.len() < 4000, "the value is not shown whole: {} bytes", text.len());
+
+    let many: Vec<String> = (0..5).map(|i| format!("V{i} = \"{}\"", "x".repeat(120 << 10))).collect();
+    std::fs::write(&p, spec(&many.join(", "))).unwrap();
+    let text = render(&p, &[]);
+    assert!(text.contains("`[stages.a].env`: 614420 bytes in all"), "{text}");
+    assert!(text.contains("at most 512 KiB"), "{text}");
+
+    // The driver's environment is held to the same bounds.
+    let driver = format!("[pipeline.kubernetes.driver]\nenv = {{ BIG = \"{}\" }}\n", "x".repeat(200 << 10));
+    std::fs::write(&p, spec("").replace("[stages.a]", &format!("{driver}\n[stages.a]"))).unwrap();
+    let text = render(&p, &[]);
+    assert!(text.contains("kubernetes.driver.env.BIG`: 204805 bytes with its name"), "{text}");
+}

@@ -88,18 +88,25 @@ fn hub(status: &'static str) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUs
 
 #[test]
 fn hardening_what_repeats_is_the_users_at_every_kind_of_stage() {
-    // An environment value longer than one execve(2) string may be (E2BIG): the same attempt
-    // meets it again, so `on = ["infra"]` does not retry it.
+    // An environment value longer than one execve(2) string may be (E2BIG) would fail every
+    // attempt: refused when the spec is read, at every kind of stage.
     let big = "x".repeat(200_000);
     let p = every_kind(&format!("env = {{ BIG = \"{big}\" }}\n{RETRY_INFRA}"));
     let o = p.run(&[]);
-    assert_eq!(code(&o), 1, "{}", said(&o));
-    let r = p.latest_record();
+    assert_eq!(code(&o), 2, "{}", said(&o));
     for (stage, _) in KINDS {
-        assert_eq!(failed(&p, stage), ("user".to_string(), 1), "{stage}");
-        let message = r["stages"][stage]["message"].as_str().unwrap_or_default();
-        assert!(message.contains("cannot start") && message.contains("too long"), "{stage}: {message}");
+        assert!(said(&o).contains(&format!("[stages.{stage}].env.BIG`: 200005 bytes")), "{stage}: {}", said(&o));
     }
+    // An argument that long still reaches execve (a command's own): the same attempt meets it
+    // again, so `on = ["infra"]` does not retry it.
+    let p = every_kind(RETRY_INFRA);
+    let spec = std::fs::read_to_string(p.file("spec.toml")).unwrap();
+    p.write_spec(&spec.replace("run = [\"true\"]", &format!("run = [\"echo\", \"{big}\"]")));
+    let o = p.run(&["cmd"]);
+    assert_eq!(code(&o), 1, "{}", said(&o));
+    assert_eq!(failed(&p, "cmd"), ("user".to_string(), 1));
+    let message = p.latest_record()["stages"]["cmd"]["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("cannot start") && message.contains("too long"), "{message}");
     // A NUL byte reaching a command's arguments through a variable: refused when the spec is read.
     let p = every_kind(RETRY_INFRA);
     let mut spec = std::fs::read_to_string(p.file("spec.toml")).unwrap();
@@ -136,6 +143,8 @@ fn hardening_environment_names_and_values_no_process_takes_are_refused_in_the_sp
         ("\"\" = \"v\"", "not an environment variable name"),
         ("\"A B\" = \"v\"", "not an environment variable name"),
         ("X = \"a\\u0000b\"", "holds a NUL byte"),
+        ("MFLOW_OUTPUT = \"/tmp\"", "mflow sets MFLOW_OUTPUT for each attempt"),
+        ("PET_NNODES = \"2\"", "PET_* are torchrun's settings"),
     ] {
         for (stage, _) in KINDS {
             let p = every_kind("");

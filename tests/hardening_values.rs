@@ -81,7 +81,7 @@ fn values(ty: Ty) -> Vec<Value> {
     let s = || Value::String(big());
     match ty {
         Ty::StrList | Ty::List => vec![Value::Array(vec![s()]), s()],
-        Ty::StrMap | Ty::Env => {
+        Ty::StrMap | Ty::Env(_) => {
             let mut by_key = Table::new();
             by_key.insert(big(), Value::String("v".into()));
             let mut by_value = Table::new();

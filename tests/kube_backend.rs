@@ -387,13 +387,23 @@ async fn missing_or_old_trainer_crds_say_which_version_is_needed() {
     assert!(err.contains("is not installed") && err.contains("v2.3"), "{err}");
 }
 
+/// A rule of the cluster's own, which mflow cannot know before it asks: a TrainJob may not
+/// request 512Gi of memory (HTTP 422, as a ValidatingAdmissionPolicy answers).
+fn memory_quota() -> mflow_kube::testing::fake_api::Policy {
+    mflow_kube::testing::fake_api::Policy {
+        name: "memory-quota".into(),
+        message: "a TrainJob may request at most 256Gi of memory per node".into(),
+        refuses: |job| job.pointer("/spec/trainer/resourcesPerNode/requests/memory") == Some(&"512Gi".into()),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_the_server_rejects_fails_its_stage_with_the_servers_message() {
     let cluster = Cluster::start().await;
-    // Not a Kubernetes quantity: the schema of resourcesPerNode rejects it (HTTP 422).
+    cluster.api.shared.inner.lock().unwrap().policies.push(memory_quota());
     let spec = cluster.spec(
         "spec.toml",
-        "[stages.bloated]\nkind = \"command\"\nresources = { memory = \"lots\" }\nrun = [\"sh\", \"-c\", \"echo hi > $MFLOW_OUTPUT/x\"]\n",
+        "[stages.bloated]\nkind = \"command\"\nresources = { memory = \"512Gi\" }\nrun = [\"sh\", \"-c\", \"echo hi > $MFLOW_OUTPUT/x\"]\n",
     );
     let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -402,8 +412,31 @@ async fn an_object_the_server_rejects_fails_its_stage_with_the_servers_message()
     let record = cluster.latest_record();
     let message = record["stages"]["bloated"]["message"].as_str().unwrap();
     assert!(message.contains("rejected TrainJob") && message.contains("of stage \"bloated\""), "{message}");
-    assert!(message.contains("is invalid") && message.contains("lots"), "the server's message is missing: {message}");
+    assert!(
+        message.contains("denied request") && message.contains("at most 256Gi"),
+        "the server's message is missing: {message}"
+    );
     assert!(message.contains("help: "), "the way forward is missing: {message}");
+}
+
+/// The kubelet expands `$(NAME)` and `$$` in a container's command, args and env values: a
+/// stage's arguments and environment still reach it as written, as they do locally (the cache
+/// key is the same on both backends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dollar_signs_reach_the_stage_as_written() {
+    let cluster = Cluster::start().await;
+    let spec = cluster.spec(
+        "spec.toml",
+        r#"[stages.dollars]
+kind = "command"
+env = { X = "$$ $(MFLOW_STAGE) $" }
+run = ["sh", "-c", "printf '%s|%s|%s' \"$1\" \"$2\" \"$X\" > \"$MFLOW_OUTPUT/seen\"", "sh", "$$", "$(MFLOW_STAGE)"]
+"#,
+    );
+    let o = cluster.mflow(&["run", spec.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let seen = std::fs::read_to_string(output_of(&cluster.latest_record(), "dollars").join("seen")).unwrap();
+    assert_eq!(seen, "$$|$(MFLOW_STAGE)|$$ $(MFLOW_STAGE) $");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -437,9 +470,10 @@ async fn dry_run_submits_nothing_and_reports_each_stage() {
     assert!(out.contains("(stage shout): accepted (server-side dry run)"), "{out}");
     assert!(cluster.api.shared.list("trainjobs", NS).is_empty(), "a dry run stores nothing");
 
+    cluster.api.shared.inner.lock().unwrap().policies.push(memory_quota());
     let bad = cluster.spec(
         "bad.toml",
-        "[stages.bloated]\nkind = \"command\"\nresources = { memory = \"lots\" }\nrun = [\"true\"]\n",
+        "[stages.bloated]\nkind = \"command\"\nresources = { memory = \"512Gi\" }\nrun = [\"true\"]\n",
     );
     let o = cluster.mflow(&["run", "--dry-run", bad.to_str().unwrap()]).await;
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));

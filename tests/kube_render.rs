@@ -239,6 +239,68 @@ fn render_prints_every_object_a_run_would_submit() {
     assert!(!dir.path().join("volume/kube-render/runs").exists(), "rendering wrote a run");
 }
 
+/// The kubelet expands `$(NAME)` and `$$` in a container's command, args and env values and
+/// leaves any other `$`: a stage's `run` and `env`, and the `--set` overrides the driver hands
+/// the engine, reach their containers as written, as they do locally.
+#[test]
+fn dollar_signs_reach_the_containers_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("corpus.txt"), "some text\n").unwrap();
+    let spec = dir.path().join("spec.toml");
+    let mut text = pipeline(&dir.path().join("volume/kube-render"), "");
+    text.push_str(
+        r#"
+[stages.dollars]
+kind = "command"
+run = ["sh", "-c", "echo $$ '$(MFLOW_STAGE)' $ > $MFLOW_OUTPUT/x", "$(HOME)"]
+env = { X = "$$ $(MFLOW_STAGE) $", Y = "$(X)" }
+"#,
+    );
+    std::fs::write(&spec, text).unwrap();
+    let (plan, store) = plan_of(&spec);
+    let objects = render::objects(&plan, &store).unwrap();
+    let dollars = objects.stages.iter().find(|s| s.stage == "dollars").unwrap();
+    assert_eq!(dollars.request.command[2], "echo $$ '$(MFLOW_STAGE)' $ > $MFLOW_OUTPUT/x", "the request is literal");
+    let trainer = &dollars.manifest["spec"]["trainer"];
+    assert_eq!(trainer["args"][1], "echo $$$$ '$$(MFLOW_STAGE)' $$ > $$MFLOW_OUTPUT/x");
+    // What the kubelet makes of them, with the pod's variables (each env value sees those before it).
+    let mut pod: Vec<(String, String)> = Vec::new();
+    for (name, value) in env_of(&dollars.manifest) {
+        let seen = mflow_kube::expand(&value, &|n| pod.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()));
+        pod.push((name, seen));
+    }
+    let lookup = |n: &str| pod.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()).or(Some("?".into()));
+    let argv: Vec<String> = trainer["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(trainer["args"].as_array().unwrap())
+        .map(|a| mflow_kube::expand(a.as_str().unwrap(), &lookup))
+        .collect();
+    assert_eq!(argv, dollars.request.command);
+    let env = |k: &str| pod.iter().find(|(n, _)| n == k).unwrap().1.clone();
+    assert_eq!((env("X"), env("Y")), ("$$ $(MFLOW_STAGE) $".to_string(), "$(X)".to_string()));
+    assert_eq!(env("MFLOW_STAGE"), "dollars");
+    // The yaml a user reads holds the same objects.
+    let yaml = render::render(&plan, &store).unwrap();
+    assert!(yaml.contains("echo $$$$ '$$(MFLOW_STAGE)' $$ > $$MFLOW_OUTPUT/x"), "{yaml}");
+
+    // The driver of a run from outside the cluster: its `--set` overrides and env likewise.
+    let set = "stages.dollars.env.X=$$ $(HOME) $".to_string();
+    let driver = mflow_kube::driver::job(&mflow_kube::driver::DriverOptions {
+        run: "r1".into(),
+        overrides: vec![set.clone()],
+        env: [("A".to_string(), "$(B) $$ $".to_string())].into_iter().collect(),
+        ..Default::default()
+    });
+    let c = &driver.spec.unwrap().template.spec.unwrap().containers[0];
+    let home = |_: &str| Some("/root".to_string());
+    let args: Vec<String> = c.args.iter().flatten().map(|a| mflow_kube::expand(a, &home)).collect();
+    assert!(args.windows(2).any(|w| w[0] == "--set" && w[1] == set), "{args:?}");
+    let a = c.env.iter().flatten().find(|e| e.name == "A").unwrap();
+    assert_eq!(mflow_kube::expand(a.value.as_deref().unwrap(), &home), "$(B) $$ $");
+}
+
 #[test]
 fn the_shipped_specs_render_with_mflows_own_images() {
     // No images in the spec: mflow's own, of this version.
@@ -285,16 +347,23 @@ async fn dry_run_sends_every_object_and_stores_nothing() {
     assert!(api.shared.list("trainjobs", NS).is_empty(), "a dry run stored a TrainJob");
     assert!(api.shared.list("configmaps", NS).is_empty(), "a dry run stored a ConfigMap");
 
-    // The server's refusal comes back for the stage it concerns; the others pass.
+    // The server's refusal comes back for the stage it concerns; the others pass. The refusal
+    // is a rule of the cluster's own (as a ValidatingAdmissionPolicy says it), which no offline
+    // check knows: a TrainJob may not request 512Gi of memory.
+    api.shared.inner.lock().unwrap().policies.push(mflow_kube::testing::fake_api::Policy {
+        name: "memory-quota".into(),
+        message: "a TrainJob may request at most 256Gi of memory per node".into(),
+        refuses: |job| job.pointer("/spec/trainer/resourcesPerNode/requests/memory") == Some(&"512Gi".into()),
+    });
     let other = tempfile::tempdir().unwrap();
-    let (plan, store) = plan_of(&write_spec(other.path(), "resources = { memory = \"lots\" }"));
+    let (plan, store) = plan_of(&write_spec(other.path(), "resources = { memory = \"512Gi\" }"));
     let results = render::dry_run(&plan, &store).await.unwrap();
     let failed: Vec<&render::DryRun> = results.iter().filter(|r| r.result.is_err()).collect();
     assert_eq!(failed.len(), 1, "{:?}", failed.iter().map(|r| &r.stage).collect::<Vec<_>>());
     assert_eq!(failed[0].stage, "data");
     let why = failed[0].result.as_ref().unwrap_err().explain();
     assert!(
-        why.contains("rejected TrainJob") && why.contains("of stage \"data\"") && why.contains("is invalid"),
+        why.contains("rejected TrainJob") && why.contains("of stage \"data\"") && why.contains("at most 256Gi"),
         "{why}"
     );
 }

@@ -13,7 +13,7 @@ use super::error::{self, did_you_mean, to_span};
 use super::interp::{collect_stage_refs, interpolate_vars};
 use super::schema::{self, check_table, invalid};
 use super::tree::{self, Node, Origin, Val};
-use super::values::{check_resources, duration, resources_of, retry_policy, str_of, strs};
+use super::values::{check_resources, check_schedule, duration, resources_of, retry_policy, str_of, strs};
 use super::workdir::check_workdir;
 use super::{
     gates, input_var, valid_name, BackendKind, Pipeline, Resources, RetryPolicy, Spec, SpecError, SpecErrors, Src,
@@ -70,6 +70,9 @@ pub(super) fn parse_in(path: &Path, dir: PathBuf, text: &str, overrides: &[Strin
     };
     let python = section(&mut parser, "env", fields::ENV).and_then(|t| str_of(&t, "python"));
     let schedule = section(&mut parser, "schedule", fields::SCHEDULE);
+    if let Some(node) = root.get("schedule") {
+        check_schedule(&parser.src, node, &mut parser.errors);
+    }
     let notify = section(&mut parser, "notify", fields::NOTIFY);
     let entries = parser.stage_entries(&mut root);
     let stages = parser.stages(entries, &defaults);

@@ -29,8 +29,10 @@ pub enum Ty {
     /// A table of string values (gates).
     StrMap,
     /// Environment variables: a [`Ty::StrMap`] whose names are letters, digits and `_` (what
-    /// every shell, execve and Kubernetes take) and whose values hold no NUL byte.
-    Env,
+    /// every shell, execve and Kubernetes take) and whose values hold no NUL byte and fit
+    /// [`MAX_ENV_ENTRY`] and [`MAX_ENV_TOTAL`]. `.0` says why a name is not the spec's to set
+    /// (mflow or Kubernetes sets it), or `None`.
+    Env(fn(&str) -> Option<String>),
     /// A nested table with its own fields.
     Table(&'static [Field]),
     /// A string, or an integer.
@@ -38,6 +40,14 @@ pub enum Ty {
     /// A string that `check` takes: `Some((reason, help))` refuses it when the spec is read.
     Checked(fn(&str) -> Option<(String, String)>),
 }
+
+/// Longest `NAME=value` of an environment, in bytes: Linux's execve(2) refuses a longer string
+/// (MAX_ARG_STRLEN, 128 KiB), so the stage could never start, locally or in a pod.
+pub const MAX_ENV_ENTRY: usize = 128 << 10;
+/// Most bytes of one environment table: a TrainJob carries it, and JobSet copies it into the
+/// JobSet, its Jobs and each pod, every one of them held to etcd's 1.5 MiB per object beside
+/// the rest of the object; a process's arguments and environment also share ARG_MAX.
+pub const MAX_ENV_TOTAL: usize = 512 << 10;
 
 /// An integer >= 0 (counts that may be none, seeds).
 pub const NATURAL: Ty = Ty::IntIn(0, i64::MAX);
@@ -233,9 +243,11 @@ fn check_value(src: &Src, node: &Node, field: &Field, key: &str, errors: &mut Ve
                 return None;
             }
         }
-        (Ty::StrMap | Ty::Env, Val::Table(entries)) => {
-            if matches!(field.ty, Ty::Env) && !env_ok(src, entries, key, errors) {
-                return None;
+        (Ty::StrMap | Ty::Env(_), Val::Table(entries)) => {
+            if let Ty::Env(reserved) = field.ty {
+                if !env_ok(src, node, reserved, key, errors) {
+                    return None;
+                }
             }
             let mut m = Map::new();
             for (k, item) in entries {
@@ -274,18 +286,38 @@ pub fn env_name(name: &str) -> bool {
 }
 
 /// Checks the names and values of an environment table; false when something is refused.
-fn env_ok(src: &Src, entries: &[(super::tree::Key, Node)], key: &str, errors: &mut Vec<SpecError>) -> bool {
+fn env_ok(
+    src: &Src,
+    table: &Node,
+    reserved: fn(&str) -> Option<String>,
+    key: &str,
+    errors: &mut Vec<SpecError>,
+) -> bool {
     let before = errors.len();
+    let Some(entries) = table.as_table() else { return true };
+    let mut total = 0;
     for (k, item) in entries {
         let at = format!("{key}.{}", super::error::excerpt(&k.name));
+        let at_name = |reason: String, help: &str| SpecError::InvalidValue {
+            src: src.clone(),
+            span: to_span(k.origin.span()),
+            key: at.clone(),
+            reason,
+            help: help.into(),
+        };
+        // `NAME=value` and its NUL, as execve counts it.
+        let entry = k.name.len()
+            + 2
+            + match &item.value {
+                Val::Str(s) => s.len(),
+                other => other.to_json().to_string().len(),
+            };
+        total += entry;
         if !env_name(&k.name) {
-            errors.push(SpecError::InvalidValue {
-                src: src.clone(),
-                span: to_span(k.origin.span()),
-                key: at,
-                reason: "not an environment variable name".into(),
-                help: "use letters, digits and `_`, not starting with a digit".into(),
-            });
+            let help = "use letters, digits and `_`, not starting with a digit";
+            errors.push(at_name("not an environment variable name".into(), help));
+        } else if let Some(why) = reserved(&k.name) {
+            errors.push(at_name(why, "remove it: the value that variable holds is not the spec's to set"));
         } else if super::secret::credential_name(&k.name) {
             // No span: the excerpt under a label would print the credential's line.
             let place = match &item.origin {
@@ -311,7 +343,16 @@ fn env_ok(src: &Src, entries: &[(super::tree::Key, Node)], key: &str, errors: &m
                 "holds a NUL byte",
                 "no process can be given an environment value with a NUL byte in it",
             ));
+        } else if entry > MAX_ENV_ENTRY {
+            let reason = format!("{entry} bytes with its name; a process takes at most 128 KiB per variable");
+            errors.push(invalid(src, item, &at, reason, "pass large data as a file (an input) and its path here"));
         }
+    }
+    if total > MAX_ENV_TOTAL && errors.len() == before {
+        let reason = format!("{total} bytes in all; an environment table may hold at most 512 KiB");
+        let help = "pass large data as files (inputs) and their paths here: on Kubernetes the environment \
+                    travels in every object mflow creates for it, each held to etcd's 1.5 MiB";
+        errors.push(invalid(src, table, key, reason, help));
     }
     errors.len() == before
 }
@@ -364,7 +405,7 @@ fn expected(ty: Ty) -> &'static str {
         Ty::Timeout => "a duration string above zero",
         Ty::Enum(_) => "a string",
         Ty::StrMap => "a table of strings",
-        Ty::Env => "a table of environment variables",
+        Ty::Env(_) => "a table of environment variables",
         Ty::Table(_) => "a table",
         Ty::StrOrInt => "a string or an integer",
         Ty::Checked(_) => "a string",
@@ -404,7 +445,7 @@ fn ty_schema(ty: Ty) -> Json {
         Ty::Duration | Ty::Timeout => json!({"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d) *)+$"}),
         Ty::Enum(c) => json!({"type": "string", "enum": c}),
         Ty::StrMap => json!({"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}),
-        Ty::Env => json!({
+        Ty::Env(_) => json!({
             "type": "object",
             "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
             "additionalProperties": {"type": ["string", "number", "boolean"]}

@@ -42,6 +42,32 @@ pub(super) fn retry_policy(v: &Json) -> RetryPolicy {
 /// scheduler's counts are meant for.
 const MAX_CPUS: f64 = 4096.0;
 const MAX_GPUS: i64 = 1024;
+/// One millicore, the smallest CPU request Kubernetes can express.
+const MIN_CPUS: f64 = 0.001;
+/// The CronJob controller looks for missed schedules every 10 seconds: a shorter deadline may
+/// pass before it looks, and the run never starts.
+const MIN_STARTING_DEADLINE: Duration = Duration::from_secs(10);
+
+/// `[schedule] starting_deadline` shorter than the controller's period.
+pub(super) fn check_schedule(src: &Src, node: &Node, errors: &mut Vec<SpecError>) {
+    let Some(at) = node.get("starting_deadline") else { return };
+    let Val::Str(s) = &at.value else { return };
+    // Not a duration at all is reported by the field's type.
+    let Ok(d) = humantime::parse_duration(s) else { return };
+    if d >= MIN_STARTING_DEADLINE {
+        return;
+    }
+    errors.push(SpecError::InvalidValue {
+        src: src.clone(),
+        span: to_span(at.span()),
+        key: "[schedule].starting_deadline".into(),
+        reason: format!(
+            "{} is shorter than the 10 seconds between the CronJob controller's checks",
+            humantime::format_duration(d)
+        ),
+        help: "give at least \"10s\", or leave it out for the default of \"1h\"".into(),
+    });
+}
 
 /// `resources` values that parse but mean nothing: no cores, negative or absurd counts.
 pub(super) fn check_resources(src: &Src, node: &Node, table: &str, errors: &mut Vec<SpecError>) {
@@ -63,6 +89,10 @@ pub(super) fn check_resources(src: &Src, node: &Node, table: &str, errors: &mut 
         if let Some(c) = cpus.filter(|c| c.is_finite() && (*c <= 0.0 || *c > MAX_CPUS)) {
             let c = if c.abs() >= 1e6 { format!("{c:e}") } else { c.to_string() };
             bad(errors, at, "cpus", format!("{c} cores"), "ask for more than 0 and at most 4096 cores, e.g. 0.5 or 8");
+        } else if let Some(c) = cpus.filter(|c| *c > 0.0 && *c < MIN_CPUS) {
+            // Kubernetes counts CPU in millicores: less would be requested as `0m`.
+            let reason = format!("{c} cores is less than a millicore");
+            bad(errors, at, "cpus", reason, "ask for at least 0.001 cores (1m on Kubernetes), e.g. 0.1");
         }
     }
     if let Some(at) = node.get("gpus") {

@@ -15,8 +15,8 @@ pub const RESOURCES: &[Field] = &[
     def("cpus", Ty::Float, "1", "CPU cores the stage occupies in the local scheduler"),
     opt(
         "memory",
-        Ty::Str,
-        "memory request on Kubernetes, e.g. \"16Gi\"; the API server checks it (`mflow run --dry-run`)",
+        Ty::Checked(memory),
+        "memory request and limit on Kubernetes, a quantity not below zero, e.g. \"16Gi\" or \"512Mi\"",
     ),
 ];
 
@@ -37,15 +37,20 @@ pub const DRIVER: &[Field] = &[
     def("host_network", Ty::Bool, "false", "run the driver (and the pod that uploads) in its node's network namespace"),
     opt(
         "env",
-        Ty::Env,
-        "extra environment of the driver, e.g. KUBERNETES_SERVICE_HOST where the API server is reached another way",
+        Ty::Env(driver_env_reserved),
+        "extra environment of the driver, e.g. KUBERNETES_SERVICE_HOST where the API server is reached another way; not `MFLOW_*` or `NO_COLOR`, which the run sets",
     ),
 ];
 
 pub const KUBERNETES: &[Field] = &[
     opt("namespace", Ty::Checked(namespace), "namespace for TrainJobs (default: the kubeconfig's)"),
     opt("context", Ty::Str, "kubeconfig context"),
-    def("pvc", Ty::Str, "\"mflow-artifacts\"", "RWX PersistentVolumeClaim holding artifacts, mounted at /mflow"),
+    def(
+        "pvc",
+        Ty::Checked(claim),
+        "\"mflow-artifacts\"",
+        "RWX PersistentVolumeClaim holding artifacts, mounted at /mflow",
+    ),
     def(
         "image",
         Ty::Checked(image),
@@ -58,8 +63,8 @@ pub const KUBERNETES: &[Field] = &[
         concat!("\"", crate::image_repo!(), ":", env!("CARGO_PKG_VERSION"), "\""),
         "image for GPU stages: torch and megatron-core (mflow's own, of this version)",
     ),
-    def("runtime", Ty::Str, "\"mflow-torch\"", "ClusterTrainingRuntime for GPU stages"),
-    def("cpu_runtime", Ty::Str, "\"mflow-cpu\"", "ClusterTrainingRuntime for CPU stages"),
+    def("runtime", Ty::Checked(runtime), "\"mflow-torch\"", "ClusterTrainingRuntime for GPU stages"),
+    def("cpu_runtime", Ty::Checked(runtime), "\"mflow-cpu\"", "ClusterTrainingRuntime for CPU stages"),
     def(
         "start_timeout",
         Ty::Timeout,
@@ -87,7 +92,12 @@ pub const SCHEDULE: &[Field] = &[
     req("cron", Ty::Str, "cron expression, e.g. \"0 3 * * *\""),
     opt("timezone", Ty::Str, "IANA time zone of the schedule"),
     def("service_account", Ty::Checked(service_account), "\"mflow\"", "service account the CronJob runs as"),
-    def("starting_deadline", Ty::Duration, "\"1h\"", "how late a missed run may still start"),
+    def(
+        "starting_deadline",
+        Ty::Duration,
+        "\"1h\"",
+        "how late a missed run may still start; at least 10s, as the CronJob controller looks every 10 seconds",
+    ),
     def("suspend", Ty::Bool, "false", "render the CronJob suspended"),
 ];
 
@@ -111,11 +121,11 @@ pub const COMMON: &[Field] = &[
     opt("retries", Ty::Table(RETRY), "retry policy"),
     opt("timeout", Ty::Timeout, "kill the attempt after this long"),
     opt("resources", Ty::Table(RESOURCES), "resources the stage needs"),
-    def("env", Ty::Env, "{}", "extra environment variables (names of letters, digits and `_`); not credentials (`HF_TOKEN`, `*_API_KEY`, `*_PASSWORD`, ...), which a spec's records would keep: stages inherit them from mflow's own environment"),
+    def("env", Ty::Env(stage_env_reserved), "{}", "extra environment variables (names of letters, digits and `_`; values of at most 128 KiB, 512 KiB in all); not credentials (`HF_TOKEN`, `*_API_KEY`, `*_PASSWORD`, ...), which a spec's records would keep: stages inherit them from mflow's own environment; not those mflow sets for each attempt (`MFLOW_OUTPUT`, `MFLOW_STAGE`, `MFLOW_INPUT_*`, ... in docs/environment.md) or torchrun's `PET_*`, which mflow and Kubeflow Trainer set"),
     def("cache", Ty::Bool, "true", "false: always rerun"),
     def("salt", Ty::Str, "\"\"", "any text; changing it invalidates the cache entry"),
     def("gates", Ty::StrMap, "{}", "conditions on metrics.json, e.g. val_ppl = \"< 40\""),
-    def("nodes", Ty::IntIn(1, 65536), "1", "nodes (Kubernetes); train and evaluate split their ranks evenly over them"),
+    def("nodes", Ty::IntIn(1, 65536), "1", "nodes (Kubernetes); train and evaluate split their ranks evenly over them, a command runs on each; model, convert, dataset and export run on one"),
     opt("image", Ty::Checked(image), "container image (Kubernetes)"),
 ];
 
@@ -133,6 +143,44 @@ fn namespace(name: &str) -> Option<(String, String)> {
 
 fn service_account(name: &str) -> Option<(String, String)> {
     kube_name(mflow_kube::check_service_account(name))
+}
+
+fn claim(name: &str) -> Option<(String, String)> {
+    kube_name(mflow_kube::check_claim(name))
+}
+
+fn runtime(name: &str) -> Option<(String, String)> {
+    kube_name(mflow_kube::check_runtime(name))
+}
+
+/// A memory request the API server's schema and the kubelet both take.
+fn memory(q: &str) -> Option<(String, String)> {
+    let problem = mflow_kube::memory_problem(q)?;
+    let help = "write bytes with a unit such as \"16Gi\", \"512Mi\" or \"1G\" (Ki, Mi, Gi, Ti, Pi, Ei are powers of 1024; k, M, G, T, P, E of 1000)";
+    Some((format!("`{}` is not a memory quantity: {problem}", crate::spec::error::excerpt(q)), help.into()))
+}
+
+/// Why a stage's `env` may not set `name`: mflow sets it for each attempt (the stage's
+/// contract, and the tag that finds its processes), or torchrun's topology, which mflow sets
+/// for local ranks and Kubeflow Trainer in every pod (refusing a TrainJob that sets it).
+fn stage_env_reserved(name: &str) -> Option<String> {
+    use mflow_contract::vars::{Scope, ALL, ATTEMPT_TAG, INPUT_PREFIX};
+    if name.starts_with("PET_") {
+        return Some(
+            "PET_* are torchrun's settings, which mflow gives the ranks here and Kubeflow Trainer in a pod".into(),
+        );
+    }
+    let own = name.starts_with(INPUT_PREFIX)
+        || name == ATTEMPT_TAG
+        || ALL.iter().any(|v| v.scope == Scope::Stage && v.name == name);
+    own.then(|| format!("mflow sets {name} for each attempt of a stage"))
+}
+
+/// Why the driver's `env` may not set `name`: the run that starts the driver gives it its own
+/// settings (MFLOW_RUN_ID, MFLOW_PROJECT_ROOT, ...) and NO_COLOR, as its events are read back.
+fn driver_env_reserved(name: &str) -> Option<String> {
+    (name.starts_with("MFLOW_") || name == "NO_COLOR")
+        .then(|| format!("the driver's {name} comes from the run that starts it, never from the spec"))
 }
 
 /// A webhook is an http(s) URL with a host; what it holds past the host is never shown.

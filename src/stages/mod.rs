@@ -169,6 +169,22 @@ impl Params {
 
     /// Plan-time checks beyond types.
     pub fn check(&self, cx: &mut Check<'_>) {
+        // A native stage is one process writing one output directory: a second node would run
+        // it again, into the same directory.
+        let native = match self {
+            Params::Model(_) => Some(Kind::Model),
+            Params::Convert(_) => Some(Kind::Convert),
+            Params::Dataset(_) => Some(Kind::Dataset),
+            Params::Export(_) => Some(Kind::Export),
+            _ => None,
+        };
+        if let Some(kind) = native.filter(|_| cx.nodes > 1) {
+            cx.invalid(
+                "nodes",
+                format!("a {} stage runs as one process on one node, not on {}", kind.name(), cx.nodes),
+                "remove `nodes`: train and evaluate split their ranks over nodes, a command runs on each, the other kinds on one",
+            );
+        }
         match self {
             Params::Command(p) => p.check(cx),
             Params::Model(p) => p.check(cx),

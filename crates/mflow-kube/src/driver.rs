@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::classify::{DISRUPTION_CONDITION, SIGNAL_EXIT_CODES};
+use crate::expansion::escape;
 use crate::manifest::{ANN_PIPELINE, ARTIFACT_MOUNT, LABEL_COMPONENT, LABEL_MANAGED_BY, LABEL_PIPELINE, MANAGED_BY};
 use crate::names::label_value;
 
@@ -95,7 +96,9 @@ pub fn job(d: &DriverOptions) -> Job {
     if d.verify {
         args.push("--verify".into());
     }
-    let env = |k: &str, v: &str| EnvVar { name: k.into(), value: Some(v.into()), ..Default::default() };
+    // The arguments (`--set` overrides, paths) and values are literal: no kubelet expansion.
+    let args = args.iter().map(|a| escape(a)).collect();
+    let env = |k: &str, v: &str| EnvVar { name: k.into(), value: Some(escape(v)), ..Default::default() };
     let container = Container {
         name: CONTAINER.into(),
         image: Some(d.image.clone()),

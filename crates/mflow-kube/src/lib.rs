@@ -62,10 +62,12 @@ mod classify;
 mod connect;
 pub mod driver;
 mod error;
+mod expansion;
 mod logs;
 mod manifest;
 mod names;
 mod options;
+mod quantity;
 pub mod rbac;
 mod run;
 pub mod schedule;
@@ -82,6 +84,7 @@ use std::fmt;
 pub use backend::{namespace_exists, KubeBackend};
 pub use classify::{classify_failure, job_state, JobState, DISRUPTION_CONDITION, SIGNAL_EXIT_CODES};
 pub use error::{describe, KubeError, Target, RBAC_EXAMPLE};
+pub use expansion::{escape, expand};
 pub use manifest::{
     stage_labels, trainjob_manifest, validate_request, workloads_configmap_name, ANN_KEY, ANN_PIPELINE, ANN_STAGE,
     ARTIFACT_MOUNT, LABEL_COMPONENT, LABEL_KEY, LABEL_MANAGED_BY, LABEL_PIPELINE, LABEL_STAGE, MANAGED_BY,
@@ -89,10 +92,11 @@ pub use manifest::{
     WORKLOADS_ZIP,
 };
 pub use names::{
-    check_namespace, check_service_account, is_rfc1035_label, label_value, trainjob_name, MAX_DNS_LABEL,
-    MAX_DNS_SUBDOMAIN, MAX_TRAINJOB_NAME,
+    check_claim, check_namespace, check_runtime, check_service_account, is_rfc1035_label, label_value, trainjob_name,
+    MAX_DNS_LABEL, MAX_DNS_SUBDOMAIN, MAX_TRAINJOB_NAME,
 };
 pub use options::{KubeOptions, DEFAULT_PVC, DEFAULT_RUNTIME, DEFAULT_START_TIMEOUT};
+pub use quantity::memory_problem;
 pub use run::Existing;
 pub use store::{workloads_configmap, CacheEntry};
 
@@ -108,7 +112,8 @@ pub struct StageRequest {
     /// model | convert | dataset | train | evaluate | export | command
     pub kind: String,
     pub image: String,
-    /// Program and arguments, run verbatim (torchrun must be part of it for distributed stages).
+    /// Program and arguments, run verbatim (torchrun must be part of it for distributed stages):
+    /// a `$` in them, as in `env`'s values, reaches the container as it is ([`escape`]).
     pub command: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub num_nodes: u32,

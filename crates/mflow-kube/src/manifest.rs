@@ -2,6 +2,7 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::expansion::escape;
 use crate::names::{key_prefix, label_value, trainjob_name};
 use crate::{KubeError, KubeOptions, StageRequest};
 
@@ -113,13 +114,14 @@ pub fn validate_request(req: &StageRequest) -> Result<(), KubeError> {
 /// The TrainJob for one attempt of a stage. Pure: the same request gives the same object.
 ///
 /// The caller checks the request with [`validate_request`] first; reserved `PET_*` variables
-/// are never copied into the object.
+/// are never copied into the object. The command and the environment are literal: each `$`
+/// is escaped from the kubelet's expansion ([`escape`]).
 pub fn trainjob_manifest(req: &StageRequest, opts: &KubeOptions) -> Value {
     let name = trainjob_name(&req.pipeline, &req.stage, &req.key, req.attempt);
     let labels = stage_labels(req);
 
     let mut env: Vec<Value> = Vec::new();
-    let mut push_env = |k: &str, v: &str| env.push(json!({"name": k, "value": v}));
+    let mut push_env = |k: &str, v: &str| env.push(json!({"name": k, "value": escape(v)}));
     for (k, v) in &req.env {
         if RESERVED_ENV.contains(&k.as_str()) || k == "PYTHONPATH" {
             continue;
@@ -144,13 +146,13 @@ pub fn trainjob_manifest(req: &StageRequest, opts: &KubeOptions) -> Value {
 
     let mut trainer = json!({
         "image": req.image,
-        "command": [req.command[0]],
+        "command": [escape(&req.command[0])],
         "numNodes": req.num_nodes,
         "numProcPerNode": req.nproc_per_node,
         "env": env,
     });
     if req.command.len() > 1 {
-        trainer["args"] = json!(req.command[1..]);
+        trainer["args"] = json!(req.command[1..].iter().map(|a| escape(a)).collect::<Vec<_>>());
     }
     if let Some(resources) = resources_per_node(req) {
         trainer["resourcesPerNode"] = resources;

@@ -36,21 +36,34 @@ pub fn check_namespace(name: &str) -> Result<(), KubeError> {
 
 /// Refuses a ServiceAccount name the API server would refuse, saying which rule it breaks.
 pub fn check_service_account(name: &str) -> Result<(), KubeError> {
-    const HELP: &str = "a ServiceAccount name is an RFC 1123 subdomain: at most 253 characters, lower-case letters, digits, `-` and `.`, each dot-separated part starting and ending with a letter or digit; `kubectl get serviceaccounts` lists those of the namespace";
-    let what = "service account";
+    check_subdomain("service account", name, "a ServiceAccount name is an RFC 1123 subdomain: at most 253 characters, lower-case letters, digits, `-` and `.`, each dot-separated part starting and ending with a letter or digit; `kubectl get serviceaccounts` lists those of the namespace")
+}
+
+/// Refuses a PersistentVolumeClaim name the API server would refuse: the claim could not exist.
+pub fn check_claim(name: &str) -> Result<(), KubeError> {
+    check_subdomain("PersistentVolumeClaim", name, "a claim name is an RFC 1123 subdomain: at most 253 characters, lower-case letters, digits, `-` and `.`, each dot-separated part starting and ending with a letter or digit; `kubectl get pvc` lists those of the namespace")
+}
+
+/// Refuses a ClusterTrainingRuntime name the API server would refuse: no such runtime can exist.
+pub fn check_runtime(name: &str) -> Result<(), KubeError> {
+    check_subdomain("ClusterTrainingRuntime", name, "a runtime name is an RFC 1123 subdomain: at most 253 characters, lower-case letters, digits, `-` and `.`, each dot-separated part starting and ending with a letter or digit; `kubectl get clustertrainingruntimes` lists those installed")
+}
+
+/// Refuses `name` unless it is an RFC 1123 subdomain, the names of most objects.
+fn check_subdomain(what: &str, name: &str, help: &str) -> Result<(), KubeError> {
     if name.len() > MAX_DNS_SUBDOMAIN {
         return Err(KubeError::NameTooLong {
             what: what.into(),
             name: name.into(),
             limit: MAX_DNS_SUBDOMAIN,
-            help: HELP.into(),
+            help: help.into(),
         });
     }
     let problem =
         if name.is_empty() { Some("it is empty".to_string()) } else { name.split('.').find_map(label_problem) };
     match problem {
         Some(problem) => {
-            Err(KubeError::InvalidName { what: what.into(), name: name.into(), problem, help: HELP.into() })
+            Err(KubeError::InvalidName { what: what.into(), name: name.into(), problem, help: help.into() })
         }
         None => Ok(()),
     }
@@ -73,15 +86,17 @@ fn label_problem(name: &str) -> Option<String> {
 /// The TrainJob name of one attempt of one stage: `<pipeline>-<stage>-<key8>`, plus `-a<n>` from
 /// the second attempt on.
 ///
-/// Parts are lower-cased and reduced to `[a-z0-9-]`. When that changes a part, or the name
-/// would exceed [`MAX_TRAINJOB_NAME`], the parts are shortened and a hash of the original
-/// pipeline and stage names is inserted, so distinct stages never share a name.
+/// Parts are lower-cased and reduced to `[a-z0-9-]`. When that changes a part, when the
+/// pipeline's name holds a `-` (then `gpt` + `tiny-model` and `gpt-tiny` + `model` would read
+/// alike), or when the name would exceed [`MAX_TRAINJOB_NAME`], the parts are shortened and a
+/// hash of the original pipeline and stage names is inserted, so distinct stages never share a
+/// name: a plain name's last part is 8 characters, a hashed one's 14.
 pub fn trainjob_name(pipeline: &str, stage: &str, key: &str, attempt: u32) -> String {
     let key8 = key_prefix(key, 8);
     let suffix = if attempt > 1 { format!("-a{attempt}") } else { String::new() };
     let pipe = dns_part(pipeline);
     let stg = dns_part(stage);
-    let altered = pipe != pipeline || stg != stage || pipe.is_empty() || stg.is_empty();
+    let altered = pipe != pipeline || stg != stage || pipe.is_empty() || stg.is_empty() || pipe.contains('-');
     let plain = format!("{pipe}-{stg}-{key8}{suffix}");
     if !altered && plain.len() <= MAX_TRAINJOB_NAME && starts_with_letter(&plain) {
         return plain;
@@ -201,6 +216,30 @@ mod tests {
         assert!(a.starts_with("gpt-tp2-train-"), "{a}");
     }
 
+    /// `gpt` + `tiny-model` and `gpt-tiny` + `model` must not read alike, nor any plain name a
+    /// hashed one.
+    #[test]
+    fn names_whose_dashes_could_be_read_two_ways_differ() {
+        let key = "c529ba77ffffffff";
+        let a = trainjob_name("gpt", "tiny-model", key, 1);
+        let b = trainjob_name("gpt-tiny", "model", key, 1);
+        assert_ne!(a, b);
+        assert_eq!(a, "gpt-tiny-model-c529ba77");
+        let mut seen = std::collections::HashMap::new();
+        let parts = ["a", "b", "a-b", "b-a", "a-b-c", "c", "ab", "x1"];
+        for p in parts {
+            for s in parts {
+                for attempt in [1, 2] {
+                    let name = trainjob_name(p, s, key, attempt);
+                    assert!(is_rfc1035_label(&name), "{name}");
+                    if let Some(other) = seen.insert(name.clone(), (p, s, attempt)) {
+                        panic!("{name}: {other:?} and {:?}", (p, s, attempt));
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn digit_first_pipelines_get_a_letter() {
         let name = trainjob_name("7b", "convert", "ffffffffffff", 1);
@@ -222,6 +261,17 @@ mod tests {
         );
         assert!(check_service_account("mflow.runner-1").is_ok());
         assert!(check_service_account("mflow..x").is_err());
+    }
+
+    #[test]
+    fn claims_and_runtimes_are_dns_subdomains() {
+        for ok in ["mflow-artifacts", "mflow.torch-2", "a"] {
+            assert!(check_claim(ok).is_ok() && check_runtime(ok).is_ok(), "{ok}");
+        }
+        assert!(check_claim("").unwrap_err().to_string().contains("it is empty"));
+        assert!(check_claim("My_PVC").unwrap_err().to_string().contains("'M' is not a lower-case letter"));
+        assert!(check_runtime("-torch").unwrap_err().to_string().contains("starts or ends with `-`"));
+        assert!(check_runtime(&"r".repeat(254)).unwrap_err().to_string().contains("at most 253"));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::trainjob_resource;
 use crate::classify::{job_state, JobState};
 use crate::error::api_status;
+use crate::expansion::unescape;
 use crate::manifest::{
     trainjob_manifest, validate_request, ANN_KEY, ANN_PIPELINE, ANN_STAGE, LABEL_ATTEMPT, LABEL_MANAGED_BY, MANAGED_BY,
 };
@@ -106,7 +107,7 @@ impl KubeBackend {
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
-            .filter_map(|v| Some((v.get("name")?.as_str()?.to_string(), v.get("value")?.as_str()?.to_string())))
+            .filter_map(|v| Some((v.get("name")?.as_str()?.to_string(), unescape(v.get("value")?.as_str()?))))
             .collect();
         let state = job_state(&value);
         Ok(Some(Existing { name, env, state }))

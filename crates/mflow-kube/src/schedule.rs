@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::expansion::escape;
 use crate::manifest::ARTIFACT_MOUNT as ARTIFACTS;
 use crate::names::is_rfc1035_label;
 
@@ -202,7 +203,8 @@ fn cron_job(o: &ScheduleOptions, m: &Meta) -> CronJob {
     let script = format!(
         "set -eu\nmkdir -p \"$PIPELINE_DIR\"\ncp {SPEC_MOUNT}/{SPEC_KEY} \"$PIPELINE_DIR/$PIPELINE_SPEC\"\ncd \"$PIPELINE_DIR\"\nexec mflow run \"./$PIPELINE_SPEC\" --junit junit.xml --report report.html\n"
     );
-    let var = |name: &str, value: &str| EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() };
+    // The script holds no `$(` or `$$` for the kubelet to expand; the values are literal.
+    let var = |name: &str, value: &str| EnvVar { name: name.into(), value: Some(escape(value)), ..Default::default() };
     let container = Container {
         name: "mflow".into(),
         image: Some(o.image.clone()),
@@ -314,6 +316,22 @@ pub async fn client(context: Option<String>, namespace: Option<String>) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A spec's file name reaches the script as it is: no `$(NAME)` or `$$` of the kubelet's.
+    #[test]
+    fn a_dollar_in_the_spec_file_name_is_not_expanded() {
+        let o = ScheduleOptions { pipeline: "p".into(), spec_file: "a$$b$(HOME)$.toml".into(), ..Default::default() };
+        let pod = objects(&o).cron_job.spec.job_template.spec.unwrap().template.spec.unwrap();
+        let c = &pod.containers[0];
+        let env: Vec<(String, String)> =
+            c.env.iter().flatten().map(|e| (e.name.clone(), e.value.clone().unwrap_or_default())).collect();
+        let lookup = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()).or(Some("x".into()));
+        let spec = &env.iter().find(|(k, _)| k == "PIPELINE_SPEC").unwrap().1;
+        assert_eq!(crate::expand(spec, &lookup), "a$$b$(HOME)$.toml");
+        for part in c.command.iter().flatten() {
+            assert_eq!(&crate::expand(part, &lookup), part, "mflow's script relies on no expansion");
+        }
+    }
 
     #[test]
     fn object_names_fit_a_cronjob_and_keep_pipelines_apart() {

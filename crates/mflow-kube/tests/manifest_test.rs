@@ -154,6 +154,31 @@ fn cpu_stages_pin_one_process_per_node() {
     assert!(manifest["spec"]["trainer"]["resourcesPerNode"]["limits"].get("nvidia.com/gpu").is_none());
 }
 
+/// The kubelet expands `$(NAME)` and `$$` in command, args and env values: what mflow asks
+/// for must reach the container as written, whatever variables the pod has.
+#[test]
+fn dollar_signs_reach_the_container_as_written() {
+    let mut req = fixture_request("convert");
+    req.command = vec!["sh$".into(), "-c".into(), "echo $$ '$(MFLOW_STAGE)' $ $(".into()];
+    req.env.insert("X".into(), "$(MFLOW_STAGE) $$ $".into());
+    let manifest = trainjob_manifest(&req, &KubeOptions::default());
+    let trainer = &manifest["spec"]["trainer"];
+    let env: Vec<(String, String)> = trainer["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_string(), e["value"].as_str().unwrap().to_string()))
+        .collect();
+    let lookup = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+    let kubelet = |v: &Value| mflow_kube::expand(v.as_str().unwrap(), &lookup);
+    let argv: Vec<String> =
+        trainer["command"].as_array().unwrap().iter().chain(trainer["args"].as_array().unwrap()).map(kubelet).collect();
+    assert_eq!(argv, req.command);
+    let x = env.iter().find(|(k, _)| k == "X").unwrap();
+    assert_eq!(mflow_kube::expand(&x.1, &lookup), "$(MFLOW_STAGE) $$ $");
+    assert_eq!(trainer["args"][1], "echo $$$$ '$$(MFLOW_STAGE)' $$ $$(");
+}
+
 #[test]
 fn reserved_variables_are_refused_before_submission() {
     let mut req = fixture_request("train");

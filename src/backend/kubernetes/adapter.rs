@@ -11,17 +11,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::shown::ShownLines;
 use super::{workload_files, Kubernetes, KubernetesError};
-use crate::backend::{AttemptArea, Cancel, Job, Line, Outcome};
+use crate::backend::{AttemptArea, Cancel, Job, Line, Lines, Outcome};
 use crate::stages::Kind;
 use mflow_contract::FailureClass;
 
 impl Kubernetes {
-    pub async fn run(
-        self: &Arc<Self>,
-        job: &Job,
-        lines: mpsc::UnboundedSender<Line>,
-        cancel: watch::Receiver<Cancel>,
-    ) -> Outcome {
+    pub async fn run(self: &Arc<Self>, job: &Job, lines: Lines, cancel: watch::Receiver<Cancel>) -> Outcome {
         if let Some(dir) = job.log.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
@@ -44,7 +39,7 @@ impl Kubernetes {
         &self,
         job: &Job,
         log: std::fs::File,
-        lines: mpsc::UnboundedSender<Line>,
+        lines: Lines,
         cancel: watch::Receiver<Cancel>,
     ) -> Result<Outcome, KubernetesError> {
         let info = self
@@ -71,7 +66,7 @@ impl Kubernetes {
                 let _ = writeln!(log, "{text}");
                 let _ = log.flush();
                 if shown.as_mut().is_none_or(|s| s.first_time(line.stream.as_deref())) {
-                    let _ = lines.send(Line { stage: stage.clone(), attempt, text });
+                    lines.send(Line { stage: stage.clone(), attempt, text }).await;
                 }
             }
             if let Some(s) = shown.as_mut() {

@@ -359,35 +359,52 @@ fn pods_rank(pod: &str) -> u32 {
     pod.rsplit('-').nth(1).and_then(|r| r.parse().ok()).unwrap_or(0)
 }
 
-/// The local stand-in for the pods of [`Scenario::Exec`]: every rank's process runs to its end
-/// (or until the TrainJob is deleted), then the TrainJob completes or fails like JobSet's would.
-async fn exec(api: Arc<Shared>, ns: &str, name: &str, job: &Value, pods: &[String]) {
-    let trainer = &job["spec"]["trainer"];
-    let argv: Vec<String> = trainer["command"]
+/// The argv and environment of the trainer container as the kubelet starts it: each env value
+/// expanded against the variables before it, then the command and args against them all
+/// (`$(NAME)` and `$$`, see [`crate::expand`]).
+fn as_the_kubelet_runs(trainer: &Value, injected: &[(&str, String)]) -> (Vec<String>, Vec<(String, String)>) {
+    let mut env: Vec<(String, String)> = Vec::new();
+    for var in trainer["env"].as_array().into_iter().flatten() {
+        let value = crate::expand(var["value"].as_str().unwrap_or_default(), &|n| {
+            env.iter().rev().find(|(k, _)| k == n).map(|(_, v)| v.clone())
+        });
+        env.push((var["name"].as_str().unwrap_or_default().to_string(), value));
+    }
+    env.extend(injected.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    let lookup = |n: &str| env.iter().rev().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+    let argv = trainer["command"]
         .as_array()
         .into_iter()
         .flatten()
         .chain(trainer["args"].as_array().into_iter().flatten())
-        .filter_map(|v| v.as_str().map(str::to_string))
+        .filter_map(|v| v.as_str().map(|a| crate::expand(a, &lookup)))
         .collect();
+    (argv, env)
+}
+
+/// The local stand-in for the pods of [`Scenario::Exec`]: every rank's process runs to its end
+/// (or until the TrainJob is deleted), then the TrainJob completes or fails like JobSet's would.
+async fn exec(api: Arc<Shared>, ns: &str, name: &str, job: &Value, pods: &[String]) {
+    let trainer = &job["spec"]["trainer"];
     let port =
         std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(29500);
     let mut ranks = tokio::task::JoinSet::new();
     for (rank, pod) in pods.iter().enumerate() {
+        let pet = [
+            ("PET_NNODES", pods.len().to_string()),
+            ("PET_NPROC_PER_NODE", trainer["numProcPerNode"].as_u64().unwrap_or(1).to_string()),
+            ("PET_NODE_RANK", rank.to_string()),
+            ("PET_MASTER_ADDR", "127.0.0.1".to_string()),
+            ("PET_MASTER_PORT", port.to_string()),
+        ];
+        let (argv, env) = as_the_kubelet_runs(trainer, &pet);
         let mut cmd = tokio::process::Command::new(&argv[0]);
         cmd.args(&argv[1..])
+            .envs(env)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
-        for var in trainer["env"].as_array().into_iter().flatten() {
-            cmd.env(var["name"].as_str().unwrap_or_default(), var["value"].as_str().unwrap_or_default());
-        }
-        cmd.env("PET_NNODES", pods.len().to_string())
-            .env("PET_NPROC_PER_NODE", trainer["numProcPerNode"].as_u64().unwrap_or(1).to_string())
-            .env("PET_NODE_RANK", rank.to_string())
-            .env("PET_MASTER_ADDR", "127.0.0.1")
-            .env("PET_MASTER_PORT", port.to_string());
         let (api, ns, pod) = (api.clone(), ns.to_string(), pod.clone());
         ranks.spawn(async move {
             let Ok(mut child) = cmd.spawn() else { return (pod, 127) };

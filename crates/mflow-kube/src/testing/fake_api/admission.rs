@@ -19,6 +19,32 @@ impl Crd {
     }
 }
 
+/// A ValidatingAdmissionPolicy of the cluster, bound to TrainJobs: a rule of the cluster's
+/// own (a quota of memory, trusted registries), which no client can check before it asks.
+#[derive(Clone)]
+pub struct Policy {
+    pub name: String,
+    /// What the policy says when `refuses` holds for an object.
+    pub message: String,
+    pub refuses: fn(&Value) -> bool,
+}
+
+/// The refusal of the first policy that refuses `obj`, as the API server words it: 422 with
+/// reason Invalid, a policy's default.
+pub(super) fn policy_denial(policies: &[Policy], resource: &str, obj: &Value) -> Result<(), Failure> {
+    let Some(p) = policies.iter().find(|p| (p.refuses)(obj)) else { return Ok(()) };
+    let name = json!(obj["metadata"]["name"].as_str().unwrap_or_default());
+    let message = format!(
+        "{resource}.{} {name} is forbidden: ValidatingAdmissionPolicy '{}' with binding '{}-binding' denied request: {}",
+        group_of(resource),
+        p.name,
+        p.name,
+        p.message
+    );
+    let code = StatusCode::UNPROCESSABLE_ENTITY;
+    Err((code, status_body(code, "Invalid", &message)))
+}
+
 /// The `fieldValidation` query parameter of create and update.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FieldValidation {

@@ -7,7 +7,8 @@
 //! Kubernetes v1.35 server with Trainer v2.3 installed admits them, on create and on update:
 //! unknown fields refused (`fieldValidation=Strict`, 400), defaults applied, the name, the real
 //! CRD schema and its CEL rules checked (422), then Trainer's webhooks: patch times stamped,
-//! the runtime must exist and reserved PET_* variables are refused (403).
+//! the runtime must exist and reserved PET_* variables are refused (403). A test may add the
+//! cluster's own admission policies ([`Policy`]), which no client can check beforehand (422).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -27,8 +28,8 @@ use super::structural::{ErrorKind, FieldError, Structural};
 
 mod admission;
 mod http;
-pub use admission::FieldValidation;
 use admission::*;
+pub use admission::{FieldValidation, Policy};
 use http::*;
 
 #[derive(Clone, Debug)]
@@ -64,6 +65,8 @@ pub struct Inner {
     /// `METHOD path` of every request, for assertions.
     pub requests: Vec<String>,
     pub trainer_installed: bool,
+    /// The cluster's admission policies for TrainJobs, checked before Trainer's webhooks.
+    pub policies: Vec<Policy>,
     /// Raised by [`Shared::break_streams`]: streams opened before it end.
     pub generation: u64,
 }
@@ -317,6 +320,8 @@ impl Shared {
             return Err(invalid_failure(&format!("{kind}.{group}"), &name, group, kind, &errors, &messages));
         }
         if resource == "trainjobs" {
+            let policies = self.inner.lock().unwrap().policies.clone();
+            policy_denial(&policies, resource, obj)?;
             self.validate_trainjob(ns, obj)?;
         }
         Ok(warnings)
@@ -424,6 +429,7 @@ impl FakeApi {
                 restarts: HashMap::new(),
                 requests: Vec::new(),
                 trainer_installed: true,
+                policies: Vec::new(),
                 generation: 0,
             }),
             changes,
