@@ -301,3 +301,29 @@ fn names_kubernetes_refuses_are_refused_at_render() {
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("Kubernetes allows at most 63"), "{}", stderr(&o));
 }
+
+/// The scheduled spec lives in a ConfigMap: a webhook URL in it is refused, and `env:NAME`
+/// reaches the run from the Secret `[schedule] secret` names.
+#[test]
+fn a_scheduled_webhook_comes_from_a_secret() {
+    let base = include_str!("fixtures/ci/scheduled.toml");
+    let with = |notify: &str, secret: &str| {
+        base.replace("starting_deadline = \"30m\"", &format!("starting_deadline = \"30m\"\n{secret}"))
+            + &format!("\n[notify]\nwebhook = \"{notify}\"\n")
+    };
+    let p = Project::new(&with("https://hooks.example.com/T0/s3cret", ""));
+    let o = p.mflow(&["schedule", "render", "spec.toml"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("stored in a ConfigMap") && !stdout(&o).contains("s3cret"), "{}", stderr(&o));
+    p.write_spec(&with("env:MFLOW_WEBHOOK", ""));
+    let o = p.mflow(&["schedule", "render", "spec.toml"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("[schedule] secret"), "{}", stderr(&o));
+    p.write_spec(&with("env:MFLOW_WEBHOOK", "secret = \"nightly-hooks\""));
+    let o = p.mflow(&["schedule", "render", "spec.toml"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let yaml = stdout(&o);
+    assert!(yaml.contains("envFrom:") && yaml.contains("secretRef:") && yaml.contains("name: nightly-hooks"), "{yaml}");
+    p.write_spec(&with("env:MFLOW_WEBHOOK", "secret = \"Not_A_Name\""));
+    assert_eq!(code(&p.mflow(&["validate", "spec.toml"])), 2);
+}

@@ -52,6 +52,8 @@ pub fn render(spec: &Spec, namespace: &str) -> Result<Objects, CiError> {
         None => 3600,
     };
     let suspend = sched.get("suspend").and_then(Json::as_bool).unwrap_or(false);
+    let secret = str_of(sched, "secret");
+    webhook_reaches_the_cron_job(spec, secret.as_deref())?;
     let k = &spec.pipeline.kubernetes;
     let pvc = k.get("pvc").and_then(Json::as_str).unwrap_or(mflow_kube::DEFAULT_PVC).to_string();
     let image = k
@@ -72,7 +74,26 @@ pub fn render(spec: &Spec, namespace: &str) -> Result<Objects, CiError> {
         suspend,
         spec_file: file,
         spec_source: spec.source.to_string(),
+        secret,
     }))
+}
+
+/// The spec is shipped in a ConfigMap, which anyone who may read the namespace's ConfigMaps
+/// reads: a webhook URL (a secret) must come from a Secret instead, as `env:NAME` with NAME
+/// among the keys of `[schedule] secret`.
+fn webhook_reaches_the_cron_job(spec: &Spec, secret: Option<&str>) -> Result<(), CiError> {
+    let Some(webhook) = spec.notify.as_ref().and_then(|n| str_of(n, "webhook")) else { return Ok(()) };
+    match (webhook.strip_prefix("env:"), secret) {
+        (Some(_), Some(_)) => Ok(()),
+        (Some(var), None) => Err(CiError::Schedule {
+            message: format!("[notify] webhook reads {var}, which the CronJob's run would not have"),
+            help: format!("name a Secret holding the key {var} in [schedule] secret = \"NAME\": its keys become the run's environment"),
+        }),
+        (None, _) => Err(CiError::Schedule {
+            message: "[notify] webhook: a scheduled spec is stored in a ConfigMap, which would hold the webhook's URL in the clear".into(),
+            help: "write webhook = \"env:MFLOW_WEBHOOK\", keep the URL in a Secret under that key (kubectl create secret generic NAME --from-literal=MFLOW_WEBHOOK=URL), and set [schedule] secret = \"NAME\"".into(),
+        }),
+    }
 }
 
 fn str_of(t: &Map<String, Json>, k: &str) -> Option<String> {

@@ -99,6 +99,11 @@ pub const SCHEDULE: &[Field] = &[
         "how late a missed run may still start; at least 10s, as the CronJob controller looks every 10 seconds",
     ),
     def("suspend", Ty::Bool, "false", "render the CronJob suspended"),
+    opt(
+        "secret",
+        Ty::Checked(secret),
+        "a Secret whose keys the scheduled run gets as environment variables (for `webhook = \"env:NAME\"`)",
+    ),
 ];
 
 pub const NOTIFY: &[Field] = &[
@@ -208,6 +213,13 @@ fn webhook(url: &str) -> Option<(String, String)> {
             "write the URL as https://HOST/PATH, or env:NAME to read it from mflow's environment".into(),
         )),
     }
+}
+
+/// A Secret's name: an RFC 1123 subdomain, as a service account's.
+fn secret(name: &str) -> Option<(String, String)> {
+    service_account(name).map(|(why, _)| {
+        (why.replace("service account", "Secret"), "name a Secret of the namespace: `kubectl get secrets`".into())
+    })
 }
 
 /// An image reference a container runtime could pull: not empty, no spaces or control bytes.

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, JobSpec, JobTemplateSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, EnvVar, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec,
-    ServiceAccount, Volume, VolumeMount,
+    ConfigMap, ConfigMapVolumeSource, Container, EnvFromSource, EnvVar, PersistentVolumeClaimVolumeSource, PodSpec,
+    PodTemplateSpec, SecretEnvSource, ServiceAccount, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -42,6 +42,9 @@ pub struct ScheduleOptions {
     /// The spec's file name, and its text, shipped in the ConfigMap.
     pub spec_file: String,
     pub spec_source: String,
+    /// A Secret whose keys mflow gets as environment variables (`env:NAME` webhooks): what a
+    /// ConfigMap must not hold.
+    pub secret: Option<String>,
 }
 
 /// Every object of a schedule, in apply order.
@@ -210,6 +213,12 @@ fn cron_job(o: &ScheduleOptions, m: &Meta) -> CronJob {
         image: Some(o.image.clone()),
         command: Some(vec!["sh".into(), "-c".into(), script]),
         env: Some(vec![var("CI", "true"), var("PIPELINE_DIR", &dir), var("PIPELINE_SPEC", &o.spec_file)]),
+        env_from: o.secret.as_ref().map(|name| {
+            vec![EnvFromSource {
+                secret_ref: Some(SecretEnvSource { name: name.clone(), optional: Some(false) }),
+                ..Default::default()
+            }]
+        }),
         volume_mounts: Some(vec![
             VolumeMount { name: "artifacts".into(), mount_path: ARTIFACTS.into(), ..Default::default() },
             VolumeMount {
