@@ -135,6 +135,7 @@ fn a_tools_bad_flag_value_exits_2_and_its_failed_work_exits_1() {
         &["dataset", "c.jsonl", "--tokenizer", "byte-level", "--out", "d", "--splits", "0,0,0"],
         &["dataset", "c.jsonl", "--tokenizer", "m", "--out", "d", "--eod", "<no such token>"],
         &["dataset", "c.jsonl", "--tokenizer", "byte-level", "--out", "d", "--text-key", ""],
+        &["dataset", "c.jsonl", "--tokenizer", "byte-level", "--out", "d", "--split-by", "line"],
     ] {
         let o = p.mflow(args);
         assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));

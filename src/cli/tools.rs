@@ -64,6 +64,8 @@ const USAGE: &[&str] = &[
     "mflow::ckpt::source",
     "mflow::ckpt::parallelism",
     "mflow::data::options::",
+    // The same refusal as `options::split_by_jsonl`, where every input is JSONL by its name.
+    "mflow::data::input::split_by_jsonl",
     "mflow::data::split::",
     "mflow::data::tokenizer::unknown_eod",
 ];

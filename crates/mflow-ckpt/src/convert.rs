@@ -33,6 +33,7 @@ pub fn parse_dtype(arg: Option<&str>) -> Result<Option<Dtype>, CkptError> {
 
 /// Converts `src` (a Hugging Face directory or a shards directory) into shards at `dst`.
 pub fn convert(src: &Path, dst: &Path, tp: u32, pp: u32, dtype: Option<Dtype>) -> Result<(), CkptError> {
+    hf::check_source_dir(src)?;
     if src.join(MANIFEST).exists() {
         let mut old = shards::open(src, Then::Reshard { tp, pp })?;
         let shape = old.manifest.model.shape.clone();
@@ -102,6 +103,7 @@ fn write_shards(
 
 /// Exports a shards directory back to a Hugging Face model directory.
 pub fn export(src: &Path, dst: &Path) -> Result<(), CkptError> {
+    hf::check_source_dir(src)?;
     if !src.join(MANIFEST).exists() {
         let dir = src.display().to_string();
         return Err(match src.join(HF_CONFIG).exists() {

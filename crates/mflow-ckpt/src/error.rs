@@ -31,7 +31,7 @@ pub enum CkptError {
     )]
     TooLarge { file: String, key: String, value: String, limit: u64 },
 
-    #[error("{path}: {source}")]
+    #[error("{path}: I/O error")]
     #[diagnostic(code(mflow::ckpt::io), help("check the path and its permissions, and that the disk is not full"))]
     Io { path: String, source: std::io::Error },
 
@@ -47,6 +47,13 @@ pub enum CkptError {
         help("point at a directory made by `mflow model` or `mflow convert`")
     )]
     UnknownDir { dir: String },
+
+    #[error("model directory {dir} {problem}")]
+    #[diagnostic(
+        code(mflow::ckpt::source_dir),
+        help("check the path: it must name the directory of a model (a Hugging Face model, or shards made by `mflow convert`)")
+    )]
+    SourceDir { dir: String, problem: &'static str },
 
     #[error("{dir}: a Hugging Face model, not mflow shards (no mflow-checkpoint.json): export reads shards")]
     #[diagnostic(
@@ -92,6 +99,13 @@ pub enum CkptError {
     )]
     IndexMismatch { index: String, tensor: String, named: String, found: String },
 
+    #[error("{index}: `weight_map` names {named} for tensor `{}`, but no weight file holds it", excerpt(.tensor))]
+    #[diagnostic(
+        code(mflow::ckpt::index_unheld_tensor),
+        help("the index and the weight files disagree, so which one is right is not known; save the model again with transformers' save_pretrained")
+    )]
+    IndexUnheld { index: String, tensor: String, named: String },
+
     #[error("{file}: tensor `{}` has shape {} but {expected:?} was expected from {reason}", excerpt(.tensor), excerpt_of(&format_args!("{:?}", .found)))]
     #[diagnostic(
         code(mflow::ckpt::shape),
@@ -113,6 +127,14 @@ pub enum CkptError {
     )]
     Integrity { file: String, what: String, expected: String, found: String },
 
+    #[error("{copy} and {first} are copies of `{hf}`, but they differ")]
+    #[diagnostic(
+        code(mflow::ckpt::replicas),
+        help("the shards are not consistent (a replicated norm or the tied output layer of the last stage was changed on one rank); which copy is right is not known, so neither is taken: regenerate the shards, or fix what wrote them")
+    )]
+    /// `first` and `copy` as "`tensor` of file".
+    Replicas { hf: String, first: String, copy: String },
+
     #[error("{field} = {value} is not divisible by {by} = {divisor}")]
     #[diagnostic(code(mflow::ckpt::parallelism), help("{help}"))]
     Parallelism { field: String, value: u64, by: String, divisor: u64, help: String },
@@ -120,6 +142,13 @@ pub enum CkptError {
     #[error("{path}: already exists and is not an empty directory")]
     #[diagnostic(code(mflow::ckpt::destination_exists), help("choose a new destination or remove the existing one"))]
     DestinationExists { path: String },
+
+    #[error("{path}: is a symbolic link; mflow does not write an output through a link")]
+    #[diagnostic(
+        code(mflow::ckpt::destination_link),
+        help("choose a new destination, or name the directory the link points to (if it is empty)")
+    )]
+    DestinationLink { path: String },
 
     #[error("unknown dtype `{value}`")]
     #[diagnostic(code(mflow::ckpt::dtype_arg), help("use keep, float32, bfloat16 or float16"))]

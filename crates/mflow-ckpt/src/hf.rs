@@ -2,6 +2,7 @@
 //! or sharded with model.safetensors.index.json), and checking them against each other.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use mflow_untrusted::json::ParseError;
@@ -14,7 +15,7 @@ use crate::layout::hf_tensors;
 use crate::memory;
 use crate::shape::{from_hf_config, Architecture, ModelShape};
 use crate::st::StFile;
-use crate::untrusted::{copy_inside, excerpt, excerpt_of, read_bounded, resolve_inside};
+use crate::untrusted::{copy_inside, excerpt, excerpt_of, read_bounded, resolve_inside, FileError};
 use crate::writer::Sources;
 
 /// Largest JSON document read (config.json, the index, the manifest): real ones are kilobytes,
@@ -66,11 +67,22 @@ pub fn read_json(path: &Path) -> Result<Value, CkptError> {
 /// Reads `dir/name`, which must resolve inside `dir`.
 pub fn read_json_in(dir: &Path, name: &str) -> Result<Value, CkptError> {
     let path = dir.join(name);
-    resolve_inside(dir, name)?.ok_or_else(|| CkptError::Io {
-        path: path.display().to_string(),
-        source: std::io::ErrorKind::NotFound.into(),
+    resolve_inside(dir, name)?.ok_or_else(|| FileError::Open {
+        file: path.display().to_string(),
+        source: std::io::Error::new(ErrorKind::NotFound, "no such file"),
     })?;
     read_json(&path)
+}
+
+/// Refuses a model directory that is not there, which its missing files would only hint at.
+pub fn check_source_dir(dir: &Path) -> Result<(), CkptError> {
+    let problem = match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(_) => "is not a directory",
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => "does not exist",
+        Err(e) => return Err(io(dir)(e)),
+    };
+    Err(CkptError::SourceDir { dir: dir.display().to_string(), problem })
 }
 
 pub fn read_config(dir: &Path) -> Result<(Value, ModelShape), CkptError> {
@@ -220,6 +232,9 @@ pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
             });
         }
     }
+    if let Some(map) = &named {
+        check_index_held(dir, map, &opened)?;
+    }
     sources.files = opened;
     // The layer count sizes the whole plan: check it against the weights before planning.
     check_layer_count(
@@ -231,6 +246,19 @@ pub fn open(dir: &Path) -> Result<HfModel, CkptError> {
     let expected = hf_tensors(&shape);
     let dtype = check_tensors(&sources, &expected, &weights_label, &dir.join("config.json").display().to_string())?;
     Ok(HfModel { dir: dir.to_path_buf(), config, shape, dtype, sources })
+}
+
+/// Refuses an index naming a tensor that no weight file holds: it is the index of other weights.
+fn check_index_held(dir: &Path, map: &WeightMap, opened: &[StFile]) -> Result<(), CkptError> {
+    let held = |t: &String| opened.iter().any(|f| f.header.tensors.contains_key(t));
+    match map.iter().find(|(t, _)| !held(t)) {
+        Some((tensor, file)) => Err(CkptError::IndexUnheld {
+            index: dir.join(INDEX).display().to_string(),
+            tensor: tensor.clone(),
+            named: dir.join(file.as_str().unwrap_or_default()).display().to_string(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// A weight held twice (in two files, or under two spellings of its name in one): which copy
@@ -383,6 +411,7 @@ pub fn copy_tokenizer(root: &Path, sub: Option<&str>, to: &Path) -> Result<(), C
 /// Validates a local Hugging Face model directory and copies its config, safetensors weights,
 /// tokenizer and generation files to `dst` (staged, then renamed). Pickle files are not copied.
 pub fn copy_model(src: &Path, dst: &Path) -> Result<(), CkptError> {
+    check_source_dir(src)?;
     let model = open(src)?;
     drop(model);
     let staging = crate::writer::Staging::new(dst)?;

@@ -12,6 +12,7 @@ mod inverse;
 pub mod layout;
 pub mod memory;
 pub mod presets;
+mod replicas;
 pub mod shape;
 pub mod shards;
 pub mod st;

@@ -148,7 +148,6 @@ pub fn open(dir: &Path, then: Then) -> Result<Shards, CkptError> {
     let dtype = dtype_from_name(&m.dtype)
         .ok_or_else(|| bad(&path, "dtype", format!("`{}` is not float32, bfloat16 or float16", excerpt(&m.dtype))))?;
     check_parallelism(shape, m.tp, m.pp)?;
-    check_against_config(dir, &m)?;
     if m.model.padded_vocab_size != shape.padded_vocab(m.tp) {
         return Err(bad(
             &path,
@@ -200,6 +199,7 @@ pub fn open(dir: &Path, then: Then) -> Result<Shards, CkptError> {
             });
         }
     }
+    check_against_config(dir, &m)?;
     let plan = shard_plan(shape, m.tp, m.pp);
     let mut sources = Sources::default();
     for (i, (entry, file)) in m.files.iter().zip(&opened).enumerate() {
@@ -236,6 +236,7 @@ pub fn open(dir: &Path, then: Then) -> Result<Shards, CkptError> {
         }
     }
     sources.files = opened;
+    crate::replicas::check(&plan, &sources)?;
     Ok(Shards { dir: dir.to_path_buf(), manifest: m, dtype, plan, sources })
 }
 

@@ -30,7 +30,7 @@ pub const MAX_DIMS: usize = 8;
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum StError {
-    #[error("{file}: cannot read: {source}")]
+    #[error("{file}: cannot read")]
     #[diagnostic(code(mflow::ckpt::safetensors::io), help("check that the file exists and is readable"))]
     Io { file: String, source: std::io::Error },
 

@@ -18,7 +18,7 @@ use thiserror::Error;
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum FileError {
-    #[error("{file}: cannot open: {source}")]
+    #[error("{file}: cannot open")]
     #[diagnostic(code(mflow::ckpt::file::open), help("check that the file exists and is readable"))]
     Open { file: String, source: std::io::Error },
 

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 use mflow_progress::Reporter;
@@ -279,19 +279,15 @@ pub fn non_empty(pieces: Vec<Piece>) -> Vec<Piece> {
 /// uses ([`mflow_untrusted::staging`]), which also removes what killed processes left beside
 /// the destination, and what is being written when the process is asked to stop.
 pub struct Staging {
+    dst: PathBuf,
     inner: mflow_untrusted::staging::Staging,
 }
 
 impl Staging {
     pub fn new(dst: &Path) -> Result<Staging, CkptError> {
-        if dst.exists() {
-            let empty = dst.is_dir() && std::fs::read_dir(dst).map_err(io(dst))?.next().is_none();
-            if !empty {
-                return Err(CkptError::DestinationExists { path: dst.display().to_string() });
-            }
-        }
+        check_free(dst)?;
         let inner = mflow_untrusted::staging::Staging::create(dst).map_err(staging_error)?;
-        Ok(Staging { inner })
+        Ok(Staging { dst: dst.to_path_buf(), inner })
     }
 
     pub fn dir(&self) -> &Path {
@@ -301,7 +297,20 @@ impl Staging {
     /// Renames the staging directory onto the destination (an empty directory there, handed to
     /// us by the engine, is replaced).
     pub fn commit(self) -> Result<(), CkptError> {
+        // Again: what was put there meanwhile is said, not left to rename(2)'s errno.
+        check_free(&self.dst)?;
         self.inner.commit().map_err(staging_error)
+    }
+}
+
+/// Refuses a destination that is not free ([`mflow_untrusted::staging::taken`]), saying why.
+fn check_free(dst: &Path) -> Result<(), CkptError> {
+    use mflow_untrusted::staging::Taken;
+    let path = dst.display().to_string();
+    match mflow_untrusted::staging::taken(dst).map_err(io(dst))? {
+        None => Ok(()),
+        Some(Taken::Link) => Err(CkptError::DestinationLink { path }),
+        Some(Taken::NotEmpty) => Err(CkptError::DestinationExists { path }),
     }
 }
 

@@ -241,6 +241,44 @@ fn existing_destination_is_not_overwritten() {
     insta::assert_snapshot!(render(&err, tmp.path()));
 }
 
+/// A destination named by a link, even to an empty directory, is refused naming it, and
+/// nothing is written through it: by convert, export and model alike.
+#[test]
+fn a_destination_that_is_a_link_is_refused_saying_so() {
+    let (tmp, dir) = model();
+    let shards = tmp.path().join("shards");
+    convert(&dir, &shards, 1, 1, None).unwrap();
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let model_args =
+        |dst: &Path| mflow_ckpt::cli::ModelArgs { source: "init:llama-tiny".into(), dst: dst.into(), seed: 0 };
+    for target in [empty.clone(), tmp.path().join("nowhere")] {
+        let link = tmp.path().join("link");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let errs: [Box<dyn Diagnostic>; 3] = [
+            Box::new(convert(&dir, &link, 1, 1, None).unwrap_err()),
+            Box::new(export(&shards, &link).unwrap_err()),
+            mflow_ckpt::cli::model(&model_args(&link)).unwrap_err().into(),
+        ];
+        for err in errs {
+            let code = err.code().map(|c| c.to_string()).unwrap_or_default();
+            let text = format!("{code}\n{err}").replace(&tmp.path().display().to_string(), "[TMP]");
+            assert_eq!(
+                text,
+                "mflow::ckpt::destination_link\n[TMP]/link: is a symbolic link; mflow does not write an output through a link"
+            );
+            assert!(err.help().is_some());
+        }
+        assert_eq!(std::fs::read_link(&link).unwrap(), target, "the link stays");
+        assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0, "nothing went through it");
+        assert!(!std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().contains("staging")));
+    }
+}
+
 /// Rewrites model.safetensors of `dir` as `name`, with the tensors `extra` gives (new name, copy of).
 fn write_weights(dir: &Path, name: &str, extra: &[(&str, &str)]) {
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
@@ -362,6 +400,26 @@ fn a_tensor_found_in_another_file_than_the_index_names_is_refused_naming_both() 
 }
 
 #[test]
+fn an_index_entry_for_a_tensor_no_file_holds_is_refused_naming_it() {
+    let (tmp, dir) = model();
+    let t = "model.layers.0.mlp.extra_proj.weight";
+    split_in_two(&dir, &[("model.norm.weight", "model.norm.weight")], |map| {
+        map.insert(t.into(), Value::String("model-00002-of-00002.safetensors".into()));
+    });
+    let out = convert_fails(tmp.path(), &dir, 1, 1);
+    assert_eq!(
+        out.lines().take(2).collect::<Vec<_>>(),
+        [
+            "mflow::ckpt::index_unheld_tensor",
+            &format!(
+                "[TMP]/hf/model.safetensors.index.json: `weight_map` names [TMP]/hf/model-00002-of-00002.safetensors \
+                 for tensor `{t}`, but no weight file holds it"
+            )
+        ]
+    );
+}
+
+#[test]
 fn a_gpt2_tensor_under_both_spellings_in_two_shards_is_refused_naming_both_files() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("hf");
@@ -413,7 +471,8 @@ fn a_shards_config_or_manifest_that_disagree_are_refused() {
     let (tmp, dir) = model();
     let shards = tmp.path().join("shards");
     convert(&dir, &shards, 2, 1, None).unwrap();
-    let edits: [(&str, &str, fn(&mut Value)); 4] = [
+    type Edit = (&'static str, &'static str, fn(&mut Value));
+    let edits: [Edit; 4] = [
         ("hf_config.json", "model.num_layers", |v| v["num_hidden_layers"] = 2.into()),
         ("hf_config.json", "model.rotary_base", |v| v["rope_parameters"]["rope_theta"] = 1234.5.into()),
         ("mflow-checkpoint.json", "model.vocab_size", |v| v["model"]["vocab_size"] = 1000.into()),
@@ -458,4 +517,70 @@ fn tied_output_layer_of_another_shape() {
     let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
     std::io::Write::write_all(&mut f, &[0u8; 16]).unwrap();
     insta::assert_snapshot!(convert_fails(tmp.path(), &dir, 1, 1));
+}
+
+/// Changes one byte of `tensor` in the rank file `file` of `shards`, and records the file's new
+/// digest in the manifest, as a consistent but wrong checkpoint would have it.
+fn change_in_rank_file(shards: &Path, file: &str, tensor: &str) {
+    let path = shards.join(file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let start = header[tensor]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[8 + n + start] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let manifest = shards.join("mflow-checkpoint.json");
+    let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    for f in m["files"].as_array_mut().unwrap() {
+        if f["path"] == file {
+            f["blake3"] = blake3::hash(&bytes).to_hex().to_string().into();
+        }
+    }
+    std::fs::write(&manifest, m.to_string()).unwrap();
+}
+
+/// Export and resharding read one copy of replicated weights: the others must hold the same.
+#[test]
+fn copies_of_the_same_weights_that_differ_are_refused() {
+    let (tmp, dir) = model();
+    let shards = tmp.path().join("shards");
+    convert(&dir, &shards, 2, 2, None).unwrap();
+    let files: Vec<String> = std::fs::read_dir(&shards)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    let last_stage =
+        |tp: u32| files.iter().find(|f| f.contains(&format!("tp{tp:02}")) && f.contains("pp001")).unwrap().clone();
+    for (file, tensor) in [(last_stage(0), "output_layer.weight"), (last_stage(1), "decoder.final_layernorm.weight")] {
+        let copy = tmp.path().join("copy");
+        let _ = std::fs::remove_dir_all(&copy);
+        std::fs::create_dir(&copy).unwrap();
+        for e in std::fs::read_dir(&shards).unwrap().flatten() {
+            if e.path().is_file() {
+                std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+            } else {
+                let sub = copy.join(e.file_name());
+                std::fs::create_dir(&sub).unwrap();
+                for f in std::fs::read_dir(e.path()).unwrap().flatten() {
+                    std::fs::copy(f.path(), sub.join(f.file_name())).unwrap();
+                }
+            }
+        }
+        change_in_rank_file(&copy, &file, tensor);
+        for err in [
+            export(&copy, &tmp.path().join("back")).unwrap_err(),
+            convert(&copy, &tmp.path().join("re"), 1, 1, None).unwrap_err(),
+        ] {
+            let out = render(&err, tmp.path());
+            assert!(out.starts_with("mflow::ckpt::replicas\n"), "{tensor}: {out}");
+            assert!(
+                out.contains(&format!("`{tensor}` of [TMP]/copy/{file}")) && out.contains("but they differ"),
+                "{out}"
+            );
+        }
+        assert!(!tmp.path().join("back").exists() && !tmp.path().join("re").exists());
+    }
+    export(&shards, &tmp.path().join("back")).unwrap();
 }

@@ -316,6 +316,8 @@ fn json_files_that_would_hold_past_the_budget_are_refused_before_they_are_parsed
     text.push_str("\"x\":\"model.safetensors\"}}");
     std::fs::write(dir.join("model.safetensors.index.json"), &text).unwrap();
     drop(text);
+    // An index beside a weights file is refused before either is read: the index alone here.
+    std::fs::rename(dir.join("model.safetensors"), tmp.path().join("aside.safetensors")).unwrap();
     let (err, rise) = rss_rise(|| convert(&dir, &tmp.path().join("out"), 1, 1, None).unwrap_err());
     let text = render(&err, tmp.path());
     eprintln!("{text}");
@@ -328,6 +330,7 @@ fn json_files_that_would_hold_past_the_budget_are_refused_before_they_are_parsed
         "{text}"
     );
     std::fs::remove_file(dir.join("model.safetensors.index.json")).unwrap();
+    std::fs::rename(tmp.path().join("aside.safetensors"), dir.join("model.safetensors")).unwrap();
     let nested = format!("[{}[]]", "[[[[[[[[[[]]]]]]]]]],".repeat(1_000_000));
     std::fs::write(dir.join("config.json"), &nested).unwrap();
     drop(nested);

@@ -1,20 +1,16 @@
 //! Finding the input files and streaming documents out of them: plain text (one document per
 //! file, per line or per paragraph) and JSONL, each optionally gzip- or zstd-compressed.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
-use std::sync::{atomic::AtomicU64, atomic::Ordering, Arc};
+use std::sync::{atomic::AtomicU64, Arc};
 
 use miette::Diagnostic;
-use serde::de::DeserializeSeed;
 use serde::Serialize;
 use thiserror::Error;
 
 use crate::options::{InputFormat, InvalidUtf8, SplitBy};
-use crate::text_field::{Found, TextField};
-
-const READ_BUFFER: usize = 1 << 20;
+use crate::text_field::{self, Found};
 
 #[derive(Debug, Error, Diagnostic)]
 pub enum InputError {
@@ -73,6 +69,19 @@ pub enum InputError {
         help("the document text must be a JSON string; choose another field with --text-key")
     )]
     NotAString { path: PathBuf, line: u64, key: String, found: &'static str },
+
+    #[error("{path}:{line}: a lone surrogate escape (column {column}) is not valid Unicode")]
+    #[diagnostic(code(mflow::data::input::lone_surrogate), help("a \\uD800-\\uDFFF escape must be one half of a pair; fix the line, or pass --on-invalid-utf8 skip to drop such documents (they are counted as invalid_utf8 in stats.json)"))]
+    LoneSurrogate { path: PathBuf, line: u64, column: usize },
+
+    #[error(
+        "--split-by {split_by} applies to text input only, but no input is text: {path} is read as JSONL (by its name)"
+    )]
+    #[diagnostic(
+        code(mflow::data::input::split_by_jsonl),
+        help("JSONL has one document per line; drop --split-by, or pass --format text to read the inputs as text")
+    )]
+    SplitByWithJsonl { path: PathBuf, split_by: String },
 
     #[error("{path}:{line}: invalid UTF-8")]
     #[diagnostic(code(mflow::data::input::invalid_utf8), help("re-encode the file as UTF-8, or pass --on-invalid-utf8 skip to drop such documents (they are counted in stats.json)"))]
@@ -227,6 +236,9 @@ impl DocReader {
     }
 
     pub fn next_doc(&mut self) -> Result<Option<Doc>, InputError> {
+        if self.next_file == 0 {
+            self.check_split_by()?;
+        }
         loop {
             if self.current.as_ref().is_none_or(|f| f.done) {
                 if self.next_file == self.files.len() {
@@ -248,21 +260,23 @@ impl DocReader {
         }
     }
 
+    /// `--split-by` cuts the text files; JSONL (here by its name, with `--format auto`) has one
+    /// document per line. Where no input is text it would be ignored, so it is refused, as with
+    /// `--format jsonl`; beside text files it applies to them.
+    fn check_split_by(&self) -> Result<(), InputError> {
+        let split_by = self.opts.split_by;
+        match self.files.first() {
+            Some(f) if split_by != SplitBy::File && self.files.iter().all(|f| f.format == FileFormat::Jsonl) => {
+                Err(InputError::SplitByWithJsonl { path: f.path.clone(), split_by: split_by.name() })
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn open(&self, index: usize) -> Result<OpenFile, InputError> {
-        let path = &self.files[index].path;
+        let InputFile { path, bytes, .. } = &self.files[index];
         let read_err = |source| InputError::Read { path: path.clone(), line: 0, source };
-        let file: File = crate::untrusted::open_regular(path).map_err(read_err)?;
-        let counted = Counting { inner: file, count: self.bytes_read.clone(), left: self.files[index].bytes };
-        let mut raw = BufReader::with_capacity(READ_BUFFER, counted);
-        let magic = raw.fill_buf().map_err(read_err)?;
-        let reader: Box<dyn BufRead + Send> = if magic.starts_with(&[0x1f, 0x8b]) {
-            Box::new(BufReader::with_capacity(READ_BUFFER, flate2::bufread::MultiGzDecoder::new(raw)))
-        } else if magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-            let dec = zstd::stream::read::Decoder::with_buffer(raw).map_err(read_err)?;
-            Box::new(BufReader::with_capacity(READ_BUFFER, dec))
-        } else {
-            Box::new(raw)
-        };
+        let reader = crate::stream::open(path, *bytes, self.bytes_read.clone()).map_err(read_err)?;
         Ok(OpenFile { index, reader, line: 0, done: false })
     }
 
@@ -323,11 +337,21 @@ impl DocReader {
                 }
                 return Err(InputError::InvalidUtf8 { path: path.to_path_buf(), line });
             };
-            let mut de = serde_json::Deserializer::from_str(json);
-            let found = TextField { key: &self.opts.text_key }
-                .deserialize(&mut de)
-                .and_then(|found| de.end().map(|_| found))
-                .map_err(|e| InputError::MalformedJson { path: path.to_path_buf(), line, message: json_message(&e) })?;
+            let found = match text_field::parse(json, &self.opts.text_key) {
+                Ok(found) => found,
+                // A string with no UTF-8 form: the policy for invalid UTF-8 applies.
+                Err(e) if text_field::lone_surrogate(&e) => {
+                    if self.opts.on_invalid_utf8 == InvalidUtf8::Skip {
+                        self.skipped.invalid_utf8 += 1;
+                        continue;
+                    }
+                    return Err(InputError::LoneSurrogate { path: path.to_path_buf(), line, column: e.column() });
+                }
+                Err(e) => {
+                    let message = text_field::message(&e);
+                    return Err(InputError::MalformedJson { path: path.to_path_buf(), line, message });
+                }
+            };
             let text = match found {
                 Found::Text(t) => t,
                 Found::NotString(found) => {
@@ -428,29 +452,5 @@ impl DocReader {
 
     pub fn path(&self, file: u32) -> &Path {
         &self.files[file as usize].path
-    }
-}
-
-/// serde_json's message with its "line 1" (the JSON text is one line) replaced by the column.
-fn json_message(e: &serde_json::Error) -> String {
-    let text = e.to_string();
-    let what = text.rsplit_once(" at line ").map_or(text.as_str(), |(w, _)| w);
-    format!("{what} (column {})", e.column())
-}
-
-/// Counts bytes read up to the file's listed size (the progress total), should it grow meanwhile.
-struct Counting<R> {
-    inner: R,
-    count: Arc<AtomicU64>,
-    left: u64,
-}
-
-impl<R: Read> Read for Counting<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        let counted = self.left.min(n as u64);
-        self.left -= counted;
-        self.count.fetch_add(counted, Ordering::Relaxed);
-        Ok(n)
     }
 }

@@ -16,6 +16,7 @@ pub mod options;
 pub mod output;
 pub mod pretokenize;
 pub mod split;
+mod stream;
 mod text_field;
 pub mod tokenize;
 mod untrusted;

@@ -35,6 +35,13 @@ pub enum SplitBy {
     BlankLine,
 }
 
+impl SplitBy {
+    /// The value as written after `--split-by`.
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self).map(|v| v.get_name().to_string()).unwrap_or_default()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DtypeChoice {
@@ -156,8 +163,7 @@ impl Options {
         }
         if let (InputFormat::Jsonl, Some(s)) = (args.format, args.split_by) {
             if s != SplitBy::File {
-                let name = clap::ValueEnum::to_possible_value(&s).map(|v| v.get_name().to_string()).unwrap_or_default();
-                return Err(OptionsError::SplitByWithJsonl { split_by: name });
+                return Err(OptionsError::SplitByWithJsonl { split_by: s.name() });
             }
         }
         let tokenizer = if args.tokenizer == "byte-level" {

@@ -16,6 +16,13 @@ pub enum OutputError {
     )]
     Exists { path: PathBuf },
 
+    #[error("output {path} is a symbolic link; mflow does not write a dataset through a link")]
+    #[diagnostic(
+        code(mflow::data::output::link),
+        help("choose another --out, or name the directory the link points to (if it is empty)")
+    )]
+    Link { path: PathBuf },
+
     #[error("cannot write the output {path}: {source}")]
     #[diagnostic(code(mflow::data::output::io), help("check that the parent directory exists and is writable"))]
     Io { path: PathBuf, source: std::io::Error },
@@ -54,13 +61,10 @@ fn io_error(e: mflow_untrusted::staging::StagingError) -> OutputError {
 }
 
 fn check_free(dest: &Path) -> Result<(), OutputError> {
-    let exists = || OutputError::Exists { path: dest.to_path_buf() };
-    match std::fs::symlink_metadata(dest) {
-        Err(_) => Ok(()),
-        Ok(m) if m.is_dir() => match std::fs::read_dir(dest).map(|mut entries| entries.next().is_none()) {
-            Ok(true) => Ok(()),
-            _ => Err(exists()),
-        },
-        Ok(_) => Err(exists()),
+    use mflow_untrusted::staging::{taken, Taken};
+    match taken(dest) {
+        Ok(None) => Ok(()),
+        Ok(Some(Taken::Link)) => Err(OutputError::Link { path: dest.to_path_buf() }),
+        Ok(Some(Taken::NotEmpty)) | Err(_) => Err(OutputError::Exists { path: dest.to_path_buf() }),
     }
 }

@@ -4,6 +4,30 @@ use std::fmt;
 
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 
+/// The field `key` of the JSON object `json`, which must be all of `json`.
+pub(crate) fn parse(json: &str, key: &str) -> serde_json::Result<Found> {
+    let mut de = serde_json::Deserializer::from_str(json);
+    let found = TextField { key }.deserialize(&mut de)?;
+    de.end()?;
+    Ok(found)
+}
+
+/// Whether serde_json refused a string for a lone UTF-16 surrogate escape (`"\ud800"`), which
+/// has no UTF-8 form. Its error says so only in its message: one for a surrogate not followed
+/// by an escape, one for a surrogate without its other half.
+pub(crate) fn lone_surrogate(e: &serde_json::Error) -> bool {
+    let text = e.to_string();
+    e.is_syntax()
+        && ["unexpected end of hex escape", "lone leading surrogate in hex escape"].iter().any(|m| text.starts_with(m))
+}
+
+/// serde_json's message with its "line 1" (the JSON text is one line) replaced by the column.
+pub(crate) fn message(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let what = text.rsplit_once(" at line ").map_or(text.as_str(), |(w, _)| w);
+    format!("{what} (column {})", e.column())
+}
+
 pub(crate) enum Found {
     Text(String),
     NotString(&'static str),
@@ -11,8 +35,8 @@ pub(crate) enum Found {
 }
 
 /// Pulls one string field out of a JSON object, skipping the other fields without building them.
-pub(crate) struct TextField<'k> {
-    pub(crate) key: &'k str,
+struct TextField<'k> {
+    key: &'k str,
 }
 
 impl<'de> DeserializeSeed<'de> for TextField<'_> {

@@ -73,6 +73,34 @@ fn invalid_utf8_is_skipped_and_counted_by_default() {
     assert_eq!(stats["skipped"]["invalid_utf8"], 2);
 }
 
+/// A lone UTF-16 surrogate escape (`\ud800`) has no UTF-8 form: the document is not valid
+/// text, as one with invalid UTF-8 bytes is not. A pair, or one in a field not read, is fine.
+#[test]
+fn a_lone_surrogate_escape_is_invalid_utf8_skipped_and_counted_or_refused_when_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ds");
+    let input = "tests/fixtures/bad/lone_surrogate.jsonl";
+    let s = run(&[input, "--tokenizer", "byte-level", "--out", out.to_str().unwrap()]).unwrap();
+    assert_eq!((s.stats.documents, s.stats.skipped.invalid_utf8), (3, 3));
+    insta::assert_snapshot!(fails(&[input], &["--on-invalid-utf8", "fail"]));
+}
+
+/// With `--format auto`, inputs that are all JSONL by their names refuse an explicit
+/// `--split-by` as `--format jsonl` does, rather than ignoring it. `file` (the default) is what
+/// JSONL does, and beside a text file the flag cuts that file.
+#[test]
+fn split_by_where_every_input_is_jsonl_by_its_name_is_refused_naming_one() {
+    let jsonl = "tests/fixtures/corpus/docs.jsonl";
+    insta::assert_snapshot!(fails(&[jsonl, "tests/fixtures/bad/empty.jsonl"], &["--split-by", "line"]));
+    for (inputs, split_by) in [(&[jsonl][..], "file"), (&[jsonl, "tests/fixtures/corpus/notes.txt"], "blank-line")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("ds");
+        let mut argv = inputs.to_vec();
+        argv.extend(["--tokenizer", TOK, "--out", out.to_str().unwrap(), "--split-by", split_by]);
+        run(&argv).unwrap();
+    }
+}
+
 #[test]
 fn empty_corpus() {
     insta::assert_snapshot!(fails(&["tests/fixtures/bad/empty.jsonl"], &[]));
@@ -129,6 +157,22 @@ fn output_that_already_holds_files() {
         .unwrap_err();
     insta::assert_snapshot!(render(&err).replace(tmp.path().to_str().unwrap(), "$TMP"));
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1, "nothing was added");
+}
+
+/// An output named by a link, even to an empty directory, is not written through it.
+#[test]
+fn output_that_is_a_link_is_refused_saying_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let link = tmp.path().join("ds");
+    std::os::unix::fs::symlink(&empty, &link).unwrap();
+    let err =
+        run(&["tests/fixtures/corpus/notes.txt", "--tokenizer", TOK, "--out", link.to_str().unwrap()]).unwrap_err();
+    insta::assert_snapshot!(render(&err).replace(tmp.path().to_str().unwrap(), "$TMP"));
+    assert!(link.symlink_metadata().unwrap().file_type().is_symlink(), "the link stays");
+    assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0, "nothing went through it");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 2, "no staging is left");
 }
 
 #[test]

@@ -122,6 +122,27 @@ impl Drop for Staging {
     }
 }
 
+/// What stands at an output's destination and keeps the output from going there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// A symbolic link, whatever it points to: rename(2) would refuse it after all the writing
+    /// (or replace it), and never write into its target.
+    Link,
+    /// A file or the like, or a directory with something in it.
+    NotEmpty,
+}
+
+/// What keeps `dest` from taking an output, if anything: an output goes only where nothing is,
+/// or in place of an empty directory (one the engine made for it). The error is reading `dest`.
+pub fn taken(dest: &Path) -> io::Result<Option<Taken>> {
+    match std::fs::symlink_metadata(dest) {
+        Err(_) => Ok(None),
+        Ok(m) if m.file_type().is_symlink() => Ok(Some(Taken::Link)),
+        Ok(m) if m.is_dir() => Ok(std::fs::read_dir(dest)?.next().is_some().then_some(Taken::NotEmpty)),
+        Ok(_) => Ok(Some(Taken::NotEmpty)),
+    }
+}
+
 /// Creates the directory `root/rel` and those between, as `create_dir_all` does, but never
 /// `root` itself: a staging directory that a signal's handler removed is not made again by a
 /// thread still writing in it. `rel` is relative and stays below `root`.
@@ -337,6 +358,24 @@ mod tests {
         let _ = sleeper.wait();
         assert_eq!(sweep(parent, OsStr::new("out")), 1, "its process ended, it goes");
         assert!(!of_live.exists() && own.exists());
+    }
+
+    #[test]
+    fn a_link_at_the_destination_is_taken_even_to_an_empty_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (empty, full, file) = (tmp.path().join("empty"), tmp.path().join("full"), tmp.path().join("file"));
+        std::fs::create_dir(&empty).unwrap();
+        std::fs::create_dir(&full).unwrap();
+        std::fs::write(full.join("a"), b"1").unwrap();
+        std::fs::write(&file, b"1").unwrap();
+        for (name, target) in [("to-empty", &empty), ("to-full", &full), ("dangling", &tmp.path().join("none"))] {
+            std::os::unix::fs::symlink(target, tmp.path().join(name)).unwrap();
+            assert_eq!(taken(&tmp.path().join(name)).unwrap(), Some(Taken::Link), "{name}");
+        }
+        assert_eq!(taken(&empty).unwrap(), None);
+        assert_eq!(taken(&tmp.path().join("none")).unwrap(), None);
+        assert_eq!(taken(&full).unwrap(), Some(Taken::NotEmpty));
+        assert_eq!(taken(&file).unwrap(), Some(Taken::NotEmpty));
     }
 
     #[test]
