@@ -37,6 +37,8 @@ pub struct RunOutcome {
     /// Handed back rather than freed: see `exec::RunOutcome`.
     pub plan: Option<Plan>,
     pub store: Option<Store>,
+    /// Ends the process at a signal while the caller finishes (report, webhook): keep it.
+    pub after: crate::exec::AfterStages,
 }
 
 /// Runs the plan on the spec's backend, connecting to it first.
@@ -98,7 +100,9 @@ pub async fn run_on(
     let run_dir = started.dir.clone();
     started.join();
     let record = dispatcher.finish();
-    Ok(RunOutcome { record, workdir, run_dir, exit: outcome.exit, plan: outcome.plan, store: outcome.store })
+    outcome.after.recorded();
+    let crate::exec::RunOutcome { exit, plan, store, after, .. } = outcome;
+    Ok(RunOutcome { record, workdir, run_dir, exit, plan, store, after })
 }
 
 /// The lockfile without its stages: what the run's keys are locked with.

@@ -15,8 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::process::Command;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 pub use output::MAX_LINE;
 pub use owner::{own as own_processes, Owner};
@@ -44,7 +45,7 @@ pub use procfs::TAG_VAR;
 
 use output::{note, pump, Log};
 
-use super::{Cancel, Job, Line, Outcome};
+use super::{Cancel, Job, Lines, Outcome};
 use mflow_contract::FailureClass;
 
 /// Time between SIGTERM and SIGKILL. `MFLOW_KILL_GRACE` (seconds) overrides it; the command
@@ -53,14 +54,10 @@ pub fn grace() -> Duration {
     crate::settings::kill_grace().unwrap_or(Duration::from_secs(10))
 }
 
-/// How long the output is read after every process of a step is gone: a process mflow could
-/// not end (another user's) may hold the pipes open for ever.
-const DRAIN: Duration = Duration::from_secs(1);
-
 /// How often a stopping step is looked at for processes still running.
 const POLL: Duration = Duration::from_millis(50);
 
-pub async fn run(job: &Job, lines: mpsc::UnboundedSender<Line>, mut cancel: watch::Receiver<Cancel>) -> Outcome {
+pub async fn run(job: &Job, lines: Lines, mut cancel: watch::Receiver<Cancel>) -> Outcome {
     let log = Arc::new(Mutex::new(Log::new(job.log.clone())));
     for argv in &job.steps {
         let outcome = run_step(job, argv, &log, &lines, &mut cancel).await;
@@ -84,7 +81,7 @@ async fn run_step(
     job: &Job,
     argv: &[String],
     log: &Arc<Mutex<Log>>,
-    lines: &mpsc::UnboundedSender<Line>,
+    lines: &Lines,
     cancel: &mut watch::Receiver<Cancel>,
 ) -> Outcome {
     if *cancel.borrow() != Cancel::None {
@@ -110,26 +107,25 @@ async fn run_step(
             return Outcome::Failed { class, message: format!("cannot start `{program}`: {e}") };
         }
     };
+    // Told when every process of the step is gone: the pipes are then read for a bounded time.
+    let ended = CancellationToken::new();
     let pipe = |r: Box<dyn tokio::io::AsyncRead + Send + Unpin>| {
-        tokio::spawn(pump(r, job.stage.clone(), job.attempt, log.clone(), lines.clone()))
+        tokio::spawn(pump(r, job.stage.clone(), job.attempt, log.clone(), lines.clone(), ended.clone()))
     };
-    let mut readers =
+    let readers =
         [pipe(Box::new(child.stdout.take().expect("piped"))), pipe(Box::new(child.stderr.take().expect("piped")))];
     let (status, stop) = supervise(job, &mut tree, &mut child, cancel).await;
     let left = tree.finish(&|| readers.iter().any(|r| !r.is_finished())).await;
     drop(tree);
-    drain(job, log, lines, &mut readers).await;
+    ended.cancel();
+    drain(job, log, lines, readers).await;
     if stop.class.is_none() && !left.is_empty() {
         let names: Vec<String> = left.iter().take(5).map(|p| format!("`{}` (pid {})", p.name, p.pid)).collect();
         let more = if left.len() > 5 { format!(" and {} more", left.len() - 5) } else { String::new() };
         let n = left.len();
         let s = if n == 1 { "" } else { "es" };
-        note(
-            job,
-            log,
-            lines,
-            format!("mflow: ended {n} process{s} the stage left running: {}{more}", names.join(", ")),
-        );
+        let text = format!("mflow: ended {n} process{s} the stage left running: {}{more}", names.join(", "));
+        note(job, log, lines, text).await;
     }
     if let Some(class) = stop.class {
         let message = match class {
@@ -222,27 +218,16 @@ async fn supervise(
     (status, stop)
 }
 
-/// Reads what is left in the pipes for a bounded time: a process mflow could not end may hold
-/// them open for ever.
-async fn drain(
-    job: &Job,
-    log: &Arc<Mutex<Log>>,
-    lines: &mpsc::UnboundedSender<Line>,
-    readers: &mut [tokio::task::JoinHandle<()>],
-) {
-    let drained = tokio::time::timeout(DRAIN, async {
-        for r in readers.iter_mut() {
-            let _ = r.await;
-        }
-    })
-    .await
-    .is_ok();
-    if !drained {
-        for r in readers.iter() {
-            r.abort();
-        }
+/// Waits for the pipes' readers, which read what is left for a bounded time (`output::pump`)
+/// and have sent every line they read when they end.
+async fn drain(job: &Job, log: &Arc<Mutex<Log>>, lines: &Lines, readers: [tokio::task::JoinHandle<bool>; 2]) {
+    let mut whole = true;
+    for r in readers {
+        whole &= r.await.unwrap_or(false);
+    }
+    if !whole {
         let text = "mflow: stopped reading the stage's output: a process mflow could not end still holds it open";
-        note(job, log, lines, text.into());
+        note(job, log, lines, text.into()).await;
     }
 }
 

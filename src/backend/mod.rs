@@ -2,6 +2,7 @@
 //! nothing of caching, retries or plans.
 
 pub mod kubernetes;
+mod lines;
 pub mod local;
 pub mod pool;
 
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use mflow_contract::FailureClass;
 
@@ -18,6 +19,7 @@ use crate::spec::BackendKind;
 use crate::workdir::Workdir;
 
 pub use crate::workdir::AttemptArea;
+pub use lines::{Lines, Printed};
 
 /// One attempt of one stage, fully resolved.
 #[derive(Debug, Clone)]
@@ -101,7 +103,7 @@ impl Backend {
         }
     }
 
-    pub async fn run(&self, job: &Job, lines: mpsc::UnboundedSender<Line>, cancel: watch::Receiver<Cancel>) -> Outcome {
+    pub async fn run(&self, job: &Job, lines: Lines, cancel: watch::Receiver<Cancel>) -> Outcome {
         match self {
             Backend::Local => local::run(job, lines, cancel).await,
             Backend::Kubernetes(k) => k.run(job, lines, cancel).await,

@@ -10,6 +10,8 @@ pub mod retry;
 pub(crate) mod signals;
 mod stage;
 
+pub use signals::AfterStages;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use mflow_contract::record::{RunStatus, StageStatus};
 use mflow_contract::{ExitCode, FailureClass};
 use tokio::sync::{mpsc, watch};
 
-use crate::backend::{Cancel, Line};
+use crate::backend::{Cancel, Lines, Printed};
 use crate::cache::{Lookup, Store};
 use crate::env::Environment;
 use crate::plan::Plan;
@@ -75,6 +77,8 @@ pub struct RunOutcome {
     /// The store, handed back for the same reason (its manifests of a large cache are 3% of
     /// a no-op of 5,000 stages to free); dropping it releases the run's cache locks.
     pub store: Option<Store>,
+    /// Signals from the end of the stages on; kept for as long as the command has work left.
+    pub after: AfterStages,
 }
 
 pub(crate) struct Shared {
@@ -83,7 +87,7 @@ pub(crate) struct Shared {
     pub store: Store,
     pub run: RunIds,
     pub events: Arc<dyn EventSink>,
-    pub lines: mpsc::UnboundedSender<Line>,
+    pub lines: Lines,
     pub cancel: watch::Receiver<Cancel>,
     pub verify: bool,
     pub backend: crate::backend::Backend,
@@ -92,6 +96,14 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn emit(&self, ev: RunEvent) {
         self.events.emit(ev);
+    }
+
+    /// Runs an attempt's job on the backend; every line it printed is said when this returns,
+    /// so before the attempt's end is.
+    pub async fn run_job(&self, job: &crate::backend::Job) -> crate::backend::Outcome {
+        let outcome = self.backend.run(job, self.lines.clone(), self.cancel.clone()).await;
+        self.lines.said().await;
+        outcome
     }
 }
 
@@ -114,7 +126,7 @@ pub async fn run(
     events: Arc<dyn EventSink>,
 ) -> RunOutcome {
     let (cancel_tx, cancel_rx) = watch::channel(Cancel::None);
-    let (line_tx, mut line_rx) = mpsc::unbounded_channel::<Line>();
+    let (line_tx, line_rx) = Lines::channel();
     let jobs = opts.jobs.or(plan.spec.pipeline.jobs).unwrap_or(env.cpus).max(1);
     let pool = backend.pool(&env);
     let shared = Arc::new(Shared {
@@ -128,15 +140,7 @@ pub async fn run(
         verify: opts.verify,
         backend,
     });
-    // Output lines become events as they arrive, until the line that ends them.
-    let printer = tokio::spawn(async move {
-        while let Some(l) = line_rx.recv().await {
-            if l.stage.is_empty() {
-                return;
-            }
-            events.emit(RunEvent::Output { stage: l.stage, attempt: l.attempt, line: l.text });
-        }
-    });
+    let printer = tokio::spawn(print(line_rx, events));
     let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let signals = tokio::spawn(signals::stop_on_signals(cancel_tx, interrupted.clone()));
     // mflow owns what its stages start, until every stage has ended.
@@ -145,16 +149,20 @@ pub async fn run(
     let (ends, tally) = schedule(&shared, &opts.force, jobs, pool, planned).await;
     tracing::debug!("every stage ended");
     drop(owner);
+    // Signals are heard from here on without a gap, and no longer change how the run ended.
+    let interrupted = interrupted.load(std::sync::atomic::Ordering::SeqCst);
+    let cancelled = *shared.cancel.borrow() != Cancel::None;
+    let after = AfterStages::start(cancelled.then_some(if interrupted { Cancel::Detach } else { Cancel::Graceful }));
     signals.abort();
     // Every line the stages printed is said before the run's end.
-    let _ = shared.lines.send(Line { stage: String::new(), attempt: 0, text: String::new() });
-    let _ = printer.await;
+    shared.lines.said().await;
+    printer.abort();
 
     let workdir = shared.plan.spec.workdir();
     crate::record::LastKeys::open(&workdir, &shared.plan.spec.pipeline.name).save(&tally.keys);
-    let status = if interrupted.load(std::sync::atomic::Ordering::SeqCst) {
+    let status = if interrupted {
         RunStatus::Interrupted
-    } else if *shared.cancel.borrow() != Cancel::None {
+    } else if cancelled {
         RunStatus::Cancelled
     } else if ends.iter().all(|e| matches!(e, Some(StageEnd::Done { .. }))) {
         RunStatus::Succeeded
@@ -171,7 +179,21 @@ pub async fn run(
         record: shared.run.dir.display().to_string(),
     });
     let (plan, store) = Arc::try_unwrap(shared).ok().map(|sh| (sh.plan, sh.store)).unzip();
-    RunOutcome { status, exit, plan, store }
+    RunOutcome { status, exit, plan, store, after }
+}
+
+/// Output lines become events in the order they were sent.
+async fn print(mut rx: mpsc::Receiver<Printed>, events: Arc<dyn EventSink>) {
+    while let Some(p) = rx.recv().await {
+        match p {
+            Printed::Line(l, _permit) => {
+                events.emit(RunEvent::Output { stage: l.stage, attempt: l.attempt, line: l.text })
+            }
+            Printed::Said(ack) => {
+                let _ = ack.send(());
+            }
+        }
+    }
 }
 
 /// Stages by how they ended, and the classes of the failed ones.

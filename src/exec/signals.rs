@@ -8,12 +8,19 @@
 //! and what a batch system sends when a limit is reached. A second signal of either kind kills
 //! local stage processes at once. None of them ends mflow before its record is written.
 //!
+//! Once every stage has ended ([`AfterStages`]), a signal does not wait for what is left (the
+//! `--report` file, the webhook): mflow ends as soon as its record is written (a second at
+//! most), 130 or 143; a second signal ends it at once.
+//!
 //! A command that writes an output directory on its own ([`on_first`]) hears the same signals
 //! with the same levels: the first removes what it was writing and ends it, 130 or 143.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
+use mflow_contract::record::RunStatus;
+use mflow_contract::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 
@@ -105,6 +112,69 @@ pub(super) async fn stop_on_signals(cancel: watch::Sender<Cancel>, interrupted: 
         say_once(&say);
         let _ = cancel.send(level);
     }
+}
+
+/// How long a signal after the stages waits for the run's record to be written.
+const RECORD_WAIT: Duration = Duration::from_secs(1);
+
+/// The exit code a signal of `level` gives (docs/exit-codes.md).
+fn exit_code(level: Cancel) -> ExitCode {
+    let status = if level == Cancel::Detach { RunStatus::Interrupted } else { RunStatus::Cancelled };
+    ExitCode::for_ending(status, &[])
+}
+
+/// Signals once every stage has ended, heard on a thread of its own: the main thread may be
+/// blocked (a webhook that does not answer, a report written into a FIFO). The first signal waits for
+/// the run's record ([`AfterStages::recorded`]) a second at most, then ends the process, 130 or
+/// 143; a second signal, or one after a signal during the stages, ends it at once. Dropped, it
+/// stops listening.
+pub struct AfterStages {
+    recorded: watch::Sender<bool>,
+}
+
+impl AfterStages {
+    /// Listens from now on; `earlier`: the level of a signal heard during the stages.
+    pub(super) fn start(earlier: Option<Cancel>) -> AfterStages {
+        let (recorded, rx) = watch::channel(false);
+        if let Err(e) = listen_after(earlier, rx) {
+            tracing::warn!("signals after the stages are not heard: {e}");
+        }
+        AfterStages { recorded }
+    }
+
+    /// The run's record is written: a signal need not wait for it.
+    pub fn recorded(&self) {
+        self.recorded.send_replace(true);
+    }
+}
+
+fn listen_after(earlier: Option<Cancel>, mut recorded: watch::Receiver<bool>) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut signals = {
+        let _in = rt.enter();
+        Listening::start(stopping())
+    };
+    std::thread::Builder::new().name("mflow-signals".into()).spawn(move || {
+        rt.block_on(async move {
+            let dropped = async { while recorded.changed().await.is_ok() {} };
+            let caught = tokio::select! {
+                c = signals.next() => c,
+                () = dropped => None,
+            };
+            let Some(Caught { level, name, .. }) = caught else { return };
+            let Some(first) = earlier else {
+                say_once(&format!("{name} after the stages ended: not waiting for the report or the webhook"));
+                tokio::select! {
+                    _ = recorded.wait_for(|r| *r) => {}
+                    () = tokio::time::sleep(RECORD_WAIT) => {}
+                    _ = signals.next() => {}
+                }
+                crate::exit::now(exit_code(level))
+            };
+            crate::exit::now(exit_code(first))
+        })
+    })?;
+    Ok(())
 }
 
 /// For a command that runs no stages and writes an output (`mflow model`, `convert`, `export`,

@@ -205,7 +205,7 @@ async fn attempt_once(arc: &Arc<Shared>, cx: &AttemptCx<'_>, attempt: u32) -> Re
     let given = super::given::Upstream::take(cx.upstream);
     let t0 = Instant::now();
     let watcher = tokio::spawn(super::progress::watch(progress_file, name.clone(), attempt, arc.clone()));
-    let mut outcome = sh.backend.run(&job, sh.lines.clone(), sh.cancel.clone()).await;
+    let mut outcome = sh.run_job(&job).await;
     watcher.abort();
     if !matches!(outcome, Outcome::Detached { .. }) {
         let inputs = if outcome == Outcome::Success { &st.input_stats[..] } else { &[] };
@@ -427,12 +427,14 @@ async fn check_gates(sh: &Shared, i: usize, output: &Path, tally: &mut Vec<Stage
     let failed: Vec<String> = results
         .iter()
         .filter(|g| !g.passed)
-        .map(|g| match (g.value, &file_problem, metrics.as_ref().and_then(|m| m.get(&g.metric))) {
-            (Some(v), _, _) => format!("{} = {v:.4} is not {}", g.metric, g.condition),
-            (None, Some(problem), _) => format!("{}: {problem}", g.metric),
-            (None, None, None) => format!("{}: not in metrics.json", g.metric),
-            (None, None, Some(found)) => {
-                format!("{} is {}, not a number", g.metric, crate::spec::error::excerpt_of(&found.to_string(), 60))
+        .map(|g| {
+            match (g.value, &file_problem, metrics.as_ref().and_then(|m| crate::spec::gates::lookup(m, &g.metric))) {
+                (Some(v), _, _) => format!("{} = {v:.4} is not {}", g.metric, g.condition),
+                (None, Some(problem), _) => format!("{}: {problem}", g.metric),
+                (None, None, None) => format!("{}: not in metrics.json", g.metric),
+                (None, None, Some(found)) => {
+                    format!("{} is {}, not a number", g.metric, crate::spec::error::excerpt_of(&found.to_string(), 60))
+                }
             }
         })
         .collect();
