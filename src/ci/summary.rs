@@ -82,26 +82,14 @@ fn first_line(s: &str) -> &str {
 /// Table cells cannot hold pipes or newlines. GitHub renders inline HTML, so stage messages and
 /// metric names are escaped; control characters (colours, NUL) are dropped, as in JUnit.
 fn cell(s: &str) -> String {
-    html(&super::junit::clean(s)).replace('|', "\\|").replace(['\n', '\r'], " ")
+    // The HTML report's escaping: a step summary is Markdown with inline HTML.
+    super::report::html::esc(&super::junit::clean(s)).replace('|', "\\|").replace(['\n', '\r'], " ")
 }
 
 /// The text of a code span: shown as it is (an entity would show as `&lt;`), so only what could
 /// end the span or the line goes.
 fn code(s: &str) -> String {
     super::junit::clean(s).replace('`', "'").replace(['\n', '\r'], " ")
-}
-
-fn html(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

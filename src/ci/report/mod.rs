@@ -2,7 +2,7 @@
 //! learning rate and throughput, the stage timeline, evaluation metrics and samples, cache hits
 //! and the lockfile. `--png DIR` writes the charts as PNG files for CI artifacts.
 
-mod html;
+pub(crate) mod html;
 pub mod plots;
 
 use std::path::{Path, PathBuf};
